@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install dflash-serve for CPU serving into the current Python (use a venv if you like).
+# Idempotent: re-running installs nothing that is already satisfied.
+#   torch 2.13.0 CPU build -> sglang 0.5.23 without its GPU dependencies -> its pure-Python
+#   dependencies at pinned versions -> this package (editable) -> the tiny test model pair.
+# Usage: scripts/install-cpu.sh [--test]   (--test adds the test dependencies)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+pip() { "$PY" -m pip install --disable-pip-version-check --no-input -q "$@"; }
+
+echo "[install] torch 2.13.0 (CPU build)"
+pip torch==2.13.0
+echo "[install] sglang 0.5.23 (no GPU dependencies)"
+pip --no-deps sglang==0.5.23
+echo "[install] SGLang's pure-Python dependencies (pinned)"
+pip -c requirements/constraints-cpu.txt -r requirements/cpu.txt
+if [[ "${1:-}" == "--test" ]]; then
+  echo "[install] test dependencies"
+  pip -c requirements/constraints-cpu.txt -r requirements/test.txt
+fi
+# timm (an optional sglang import) drags in a CUDA torchvision; the CPU layer stubs torchvision instead.
+"$PY" -m pip uninstall -y -q torchvision 2>/dev/null || true
+echo "[install] dflash-serve (editable)"
+pip --no-deps --no-build-isolation -e . 2>/dev/null || pip --no-deps -e .
+if [[ ! -f models/tiny-random/drafter/model.safetensors ]]; then
+  echo "[install] creating the tiny test model pair in models/tiny-random"
+  "$PY" -m dflash_models.tiny models/tiny-random
+fi
+"$PY" - <<'PY'
+import importlib.metadata as md, torch
+assert torch.__version__.startswith("2.13.0"), f"torch {torch.__version__}: expected the 2.13.0 CPU build"
+eps = [e.value for e in md.entry_points(group="sglang.srt.plugins") if e.name == "dflash_serve"]
+assert eps == ["sglang_ext.plugin:register"], f"plugin entry point missing: {eps}"
+print(f"[install] ok: torch {torch.__version__}, sglang {md.version('sglang')}, plugin {eps[0]}")
+PY
