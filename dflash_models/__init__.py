@@ -1,0 +1,1 @@
+"""Build the model pairs dflash-serve ships and tests with: corpus, tokenizer, test pair, training."""
