@@ -1,0 +1,1 @@
+"""dflash-serve SGLang plugin. Importing this package has no side effects; see plugin.register()."""

@@ -1,0 +1,254 @@
+"""Runtime patches of SGLang 0.5.23 call sites for serving on CPU, installed from `plugin.register()`.
+
+Each patch names the call site it serves and why. Patches that touch SGLang modules are
+deferred with `when_imported`, so register() imports nothing heavy. `install()` is
+idempotent and returns the patch names.
+"""
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+from sglang_ext.imports import when_imported
+
+logger = logging.getLogger(__name__)
+_applied: list[str] = []
+
+
+def install() -> list[str]:
+    if not _applied:
+        for patch in _PATCHES:
+            patch()
+            _applied.append(patch.__name__.lstrip("_"))
+    return list(_applied)
+
+
+def _mark(obj, attr: str) -> bool:
+    """True the first time: guards every patch against double application."""
+    flag = f"__dflash_serve_patched_{attr}"
+    if getattr(obj, flag, False):
+        return False
+    setattr(obj, flag, True)
+    return True
+
+
+# -- server args ------------------------------------------------------------------------
+
+class _CpuDFlashPlatformView:
+    """The in-tree CPU platform, answering DFlash questions as an out-of-tree platform would.
+
+    arg_groups/speculative_hook.py `_handle_dflash` rejects every device but cuda/npu/xpu for
+    in-tree platforms, and `_resolve_dflash_draft_attention_backend` falls back to flashinfer;
+    for out-of-tree platforms both ask the platform. Everything else passes through.
+    """
+
+    DRAFT_BACKEND = "torch_native"
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def is_out_of_tree(self) -> bool:
+        return True
+
+    def supports_speculative_algorithm(self, algorithm) -> bool:
+        return str(algorithm).upper().startswith("DFLASH")
+
+    def supports_speculative_draft_attention_backend(self, algorithm, backend) -> bool:
+        return backend == self.DRAFT_BACKEND
+
+    def get_default_speculative_draft_attention_backend(self, algorithm) -> str:
+        return self.DRAFT_BACKEND
+
+
+def handle_dflash_on_cpu(server_args) -> None:
+    """Run upstream `_handle_dflash` (steps, topk, block size, draft backend, max running
+    requests) with the CPU platform view; used for builtin DFLASH and by our own algorithms."""
+    from sglang.srt.arg_groups import speculative_hook as sh
+
+    original = getattr(sh._handle_dflash, "__wrapped__", sh._handle_dflash)
+    real = sh.current_platform
+    sh.current_platform = _CpuDFlashPlatformView(real)  # arg parsing is single-threaded
+    try:
+        original(server_args)
+    finally:
+        sh.current_platform = real
+
+
+def _builtin_dflash_on_cpu() -> None:
+    def patch(sh: ModuleType) -> None:
+        if not _mark(sh, "handle_dflash"):
+            return
+        original = sh._handle_dflash
+
+        def _handle_dflash(server_args):
+            if getattr(server_args, "device", None) != "cpu":
+                return original(server_args)
+            return handle_dflash_on_cpu(server_args)
+
+        _handle_dflash.__wrapped__ = original
+        sh._handle_dflash = _handle_dflash  # spec_info.handle_server_args imports it at call time
+
+    when_imported("sglang.srt.arg_groups.speculative_hook", patch)
+
+
+def _torch_native_draft_backend() -> None:
+    """speculative/draft_worker_common.py `resolve_draft_worker_attention_backend` falls back
+    to flashinfer for backends outside DRAFT_ATTENTION_BACKEND_CHOICES; choices.py exports
+    `add_draft_attention_backend_choices` for exactly this."""
+
+    def patch(choices: ModuleType) -> None:
+        if "torch_native" not in choices.DRAFT_ATTENTION_BACKEND_CHOICES:
+            choices.add_draft_attention_backend_choices(["torch_native"])
+
+    when_imported("sglang.srt.arg_groups.choices", patch)
+
+
+# -- tensors, models, runner ------------------------------------------------------------
+
+def _record_stream_cpu_noop() -> None:
+    """speculative/dflash_worker_v2.py calls `seq_lens.record_stream(current_stream())`
+    unconditionally; on CPU that is a torch.cpu.Stream and torch raises. CPU tensors need no
+    cross-stream lifetime tracking."""
+    import torch
+
+    if not _mark(torch.Tensor, "record_stream"):
+        return
+    original = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        if self.device.type == "cpu":
+            return None
+        return original(self, stream)
+
+    torch.Tensor.record_stream = record_stream
+
+
+def _dflash_draft_torch_qk_norm_rope() -> None:
+    """models/dflash.py `DFlashAttention.forward` takes the Triton `table_qk_norm_rope_` kernel
+    for bf16 when `use_table_qk_norm_rope`; its else-branch (apply_qk_norm + rotary_emb) is
+    the same math in torch."""
+
+    def patch(dflash: ModuleType) -> None:
+        cls = dflash.DFlashAttention
+        if not _mark(cls, "init"):
+            return
+        original = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.use_table_qk_norm_rope = False
+
+        cls.__init__ = __init__
+
+    when_imported("sglang.srt.models.dflash", patch)
+
+
+def _input_embeds_in_runner_dtype() -> None:
+    """model_executor/model_runner.py `_extend_forward_kwargs` casts input_embeds with
+    `.bfloat16()` on every device, so the DFlash draft (fed input embeds) breaks under
+    `--dtype float32`. Cast to the runner's dtype instead (identical for bf16 models)."""
+
+    def patch(mr: ModuleType) -> None:
+        cls = mr.ModelRunner
+        if not _mark(cls, "extend_forward_kwargs"):
+            return
+        original = cls._extend_forward_kwargs
+
+        def _extend_forward_kwargs(self, forward_batch, *args, **kwargs):
+            out = original(self, forward_batch, *args, **kwargs)
+            embeds = out.get("input_embeds")
+            if embeds is not None and forward_batch.input_embeds is not None and embeds.dtype != self.dtype:
+                out["input_embeds"] = forward_batch.input_embeds.to(self.dtype)
+            return out
+
+        cls._extend_forward_kwargs = _extend_forward_kwargs
+
+    when_imported("sglang.srt.model_executor.model_runner", patch)
+
+
+# -- attention and sampling -------------------------------------------------------------
+
+def _torch_native_block_attention() -> None:
+    """layers/attention/torch_native_backend.py: TARGET_VERIFY (target verify, causal; DFlash
+    draft, ENCODER_ONLY = non-causal) has no path upstream, and DECODE loops per request.
+    Both become one batched O(L*n) SDPA per layer (cpu/attention.py)."""
+
+    def patch(tnb: ModuleType) -> None:
+        cls = tnb.TorchNativeAttnBackend
+        if not _mark(cls, "block_attention"):
+            return
+        from sglang.srt.layers.radix_attention import AttentionType
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        from sglang_ext.cpu.attention import block_attention
+
+        original_extend = cls.forward_extend
+
+        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, prefix_lens, causal):
+            if save_kv_cache and k is not None and v is not None:
+                self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
+            window = layer.sliding_window_size if causal else None
+            out = block_attention(
+                q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
+                self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+                self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens, block,
+                causal=causal, scaling=layer.scaling, sliding_window=window,
+            )
+            return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+            if not forward_batch.forward_mode.is_target_verify() or layer.is_cross_attention:
+                return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+            bs = forward_batch.seq_lens.shape[0]
+            rows = q.shape[0]
+            if rows % bs:
+                raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
+            causal = layer.attn_type != AttentionType.ENCODER_ONLY
+            # In TARGET_VERIFY, seq_lens excludes the block being verified/drafted.
+            return run(self, q, k, v, layer, forward_batch, save_kv_cache,
+                       block=rows // bs, prefix_lens=forward_batch.seq_lens, causal=causal)
+
+        def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+            if layer.is_cross_attention:
+                return original_decode(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+            # In DECODE, seq_lens includes the token being decoded.
+            return run(self, q, k, v, layer, forward_batch, save_kv_cache,
+                       block=1, prefix_lens=forward_batch.seq_lens - 1, causal=True)
+
+        original_decode = cls.forward_decode
+        cls.forward_extend = forward_extend
+        cls.forward_decode = forward_decode
+
+    when_imported("sglang.srt.layers.attention.torch_native_backend", patch)
+
+
+def _chain_sampling_verify() -> None:
+    """speculative/dflash_utils.py: on CPU `tree_speculative_sampling_target_only` is None, so
+    `is_dflash_sampling_verify_available()` is False and DFlash silently verifies greedily at
+    temperature > 0. Bind a pure-torch chain implementation of the kernel (cpu/sampling.py);
+    the target probabilities (temperature, top-k, top-p) are still built by upstream."""
+
+    def patch(du: ModuleType) -> None:
+        if du.tree_speculative_sampling_target_only is not None:
+            return
+        from sglang_ext.cpu.sampling import chain_speculative_sampling_target_only
+
+        du.tree_speculative_sampling_target_only = chain_speculative_sampling_target_only
+        du._DFLASH_SAMPLING_VERIFY_AVAILABLE = True
+
+    when_imported("sglang.srt.speculative.dflash_utils", patch)
+
+
+_PATCHES = [
+    _builtin_dflash_on_cpu,
+    _torch_native_draft_backend,
+    _record_stream_cpu_noop,
+    _dflash_draft_torch_qk_norm_rope,
+    _input_embeds_in_runner_dtype,
+    _torch_native_block_attention,
+    _chain_sampling_verify,
+]
