@@ -1,0 +1,1 @@
+"""dflash-serve service: config, preflight, launcher."""

@@ -1,0 +1,70 @@
+"""`dflash-serve`: serve, check, and build the test model pair."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from service.config import ConfigError, load_config
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from service import launcher
+
+    config = load_config(a.config)
+    plan = launcher.plan(config)
+    if a.dry_run:
+        print(plan.printable())
+        return 0
+    return launcher.run(plan, config)
+
+
+def _check(a: argparse.Namespace) -> int:
+    from service import launcher
+
+    config = load_config(a.config)
+    plan = launcher.plan(config, validate_sglang_args=not a.skip_sglang_args)
+    r = plan.report
+    spec = config.speculative
+    print(f"ok: target {config.model.path} ({r.target_layers} layers, hidden {r.hidden_size}, vocab {r.vocab_size})")
+    if spec.algorithm != "none":
+        print(f"ok: {spec.algorithm} drafter {spec.draft_model_path} (trained block {r.draft_block_size}, "
+              f"verify block {r.block_size}, target layers {list(r.target_layer_ids)})")
+    return 0
+
+
+def _make_test_models(a: argparse.Namespace) -> int:
+    from dflash_models import tiny
+
+    tiny.main([a.out_dir])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-serve", description="Serve DFlash speculative decoding on SGLang.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="check the config, then run `sglang serve` with the plugin")
+    s.add_argument("--config", "-c", required=True, help="YAML config (see deploy/configs/)")
+    s.add_argument("--dry-run", action="store_true", help="print the sglang command and exit")
+    s.set_defaults(func=_serve)
+    c = sub.add_parser("check", help="run only the preflight checks")
+    c.add_argument("--config", "-c", required=True)
+    c.add_argument("--skip-sglang-args", action="store_true",
+                   help="do not import SGLang to validate sglang_args (fast)")
+    c.set_defaults(func=_check)
+    m = sub.add_parser("make-test-models", help="create the tiny random test pair (seconds)")
+    m.add_argument("out_dir")
+    m.set_defaults(func=_make_test_models)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except ConfigError as e:
+        print(f"dflash-serve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""dflash-serve configuration: one YAML file, validated by pydantic v2.
+
+Every error names the field (`speculative.draft_model_path: ...`). Relative paths are
+resolved against the config file's directory, so a config can travel with its models.
+SGLang arguments without a field here go in `sglang_args` and are checked against
+SGLang's own parser by the preflight (`service.sglang_args`).
+"""
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for a one-line CLI error."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ModelConfig(_Strict):
+    path: Path = Field(description="Directory of the target model (HF format).")
+    tokenizer: Path | None = Field(None, description="Tokenizer directory; defaults to the model's.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights/activations dtype; float32 gives bit-exact greedy comparisons on CPU.")
+    served_name: str | None = Field(None, description="Model name clients send; defaults to the path.")
+    context_length: int | None = Field(None, gt=0, description="Override the model's context length.")
+
+
+class ServerConfig(_Strict):
+    host: str = Field("127.0.0.1", description="Bind address; loopback unless you mean to expose it.")
+    port: int = Field(30000, ge=1, le=65535)
+    device: Device = Device.cpu
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key (never the key itself).")
+    metrics: bool = Field(True, description="Expose Prometheus metrics on /metrics.")
+    cpu_threads: int | Literal["auto"] = Field(
+        "auto", description="Torch threads per server process on CPU; auto = cores - 1 (min 1), which "
+                            "leaves a core for the HTTP/tokenizer processes. More threads than free cores "
+                            "makes OpenMP spin and is many times slower.")
+    max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens.")
+    max_running_requests: int | None = Field(None, gt=0)
+
+    @field_validator("cpu_threads")
+    @classmethod
+    def _threads_positive(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
+
+    def resolved_cpu_threads(self) -> int:
+        if self.cpu_threads != "auto":
+            return int(self.cpu_threads)
+        return max(1, (os.cpu_count() or 2) - 1)
+
+
+class SpeculativeConfig(_Strict):
+    algorithm: Literal["none", "dflash"] = Field("none", description="none: plain decoding; dflash: upstream DFlash.")
+    draft_model_path: Path | None = Field(None, description="z-lab-format DFlash drafter directory.")
+    block_size: int | None = Field(
+        None, ge=2, description="Tokens verified per step; defaults to the drafter's trained block_size.")
+
+    @model_validator(mode="after")
+    def _needs_drafter(self):
+        if self.algorithm != "none" and self.draft_model_path is None:
+            raise ValueError(f"draft_model_path is required when algorithm is {self.algorithm!r}")
+        return self
+
+
+class ServeConfig(_Strict):
+    model: ModelConfig
+    server: ServerConfig = ServerConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    sglang_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other `sglang serve` arguments by their flag name without dashes "
+                    "(e.g. chunked_prefill_size: 512); validated against SGLang's parser.")
+
+    def resolve_paths(self, base: Path) -> "ServeConfig":
+        def res(p: Path | None) -> Path | None:
+            if p is None:
+                return None
+            p = Path(os.path.expanduser(str(p)))
+            return p if p.is_absolute() else (base / p).resolve()
+
+        model = self.model.model_copy(update={"path": res(self.model.path), "tokenizer": res(self.model.tokenizer)})
+        spec = self.speculative.model_copy(update={"draft_model_path": res(self.speculative.draft_model_path)})
+        return self.model_copy(update={"model": model, "speculative": spec})
+
+
+def _format(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (check the spelling; see the config reference in README.md)"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def parse_config(data: Any, base: Path = Path(".")) -> ServeConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("(top level): expected a mapping of sections (model, server, speculative, sglang_args)")
+    try:
+        return ServeConfig.model_validate(data).resolve_paths(base)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+def load_config(path: str | Path) -> ServeConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse_config(data, base=path.resolve().parent)

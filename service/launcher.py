@@ -1,0 +1,108 @@
+"""Start `sglang serve` for a validated config, with the plugin, environment and arguments.
+
+The launcher stays in the foreground as the server's parent: it forwards SIGTERM/SIGINT to
+the server (which drains in-flight requests) and exits with the server's status.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from service import preflight, sglang_args
+from service.config import ConfigError, Device, ServeConfig
+
+CPU_ENV_VAR = "DFLASH_SERVE_CPU"  # read by sglang_ext's .pth startup hook (sglang_ext/cpu)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    report: preflight.PreflightReport
+
+    def printable(self) -> str:
+        shown = list(self.argv)
+        if "--api-key" in shown:
+            shown[shown.index("--api-key") + 1] = "***"
+        return shlex.join(shown)
+
+
+def _sglang_command() -> list[str]:
+    script = Path(sys.executable).with_name("sglang")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"]
+
+
+def activate_cpu_layer_here() -> None:
+    """Importing sglang in *this* process (to validate sglang_args) needs the CPU stubs too."""
+    os.environ[CPU_ENV_VAR] = "1"
+    from sglang_ext.cpu import startup
+
+    startup.install()
+
+
+def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if config.server.device is Device.cpu:
+        threads = str(config.server.resolved_cpu_threads())
+        env |= {CPU_ENV_VAR: "1", "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": threads}
+    else:
+        env.pop(CPU_ENV_VAR, None)
+    return env
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError(f"server.port: {host}:{port} is already in use (another server running?); "
+                                  f"choose another port or stop that server") from None
+            raise ConfigError(f"server.host: cannot bind {host}:{port}: {e.strerror}") from None
+
+
+def resolve_api_key(config: ServeConfig) -> str | None:
+    name = config.server.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ConfigError(f"server.api_key_env: environment variable {name} is not set or empty")
+    return key
+
+
+def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
+    """Preflight + argument building. Raises ConfigError naming the field."""
+    report = preflight.check(config)
+    api_key = resolve_api_key(config)
+    if validate_sglang_args and config.sglang_args:
+        if config.server.device is Device.cpu:
+            activate_cpu_layer_here()
+        sglang_args.validate_passthrough(config)
+    args = sglang_args.build_args(config, api_key=api_key, block_size=report.block_size)
+    argv = _sglang_command() + ["serve"] + sglang_args.to_argv(args)
+    return LaunchPlan(argv=argv, env=server_env(config), report=report)
+
+
+def run(launch: LaunchPlan, config: ServeConfig) -> int:
+    check_port_free(config.server.host, config.server.port)
+    print(f"dflash-serve: starting {launch.printable()}", file=sys.stderr, flush=True)
+    # Own process group: a terminal's Ctrl-C reaches us once, and we forward it once.
+    child = subprocess.Popen(launch.argv, env=launch.env, start_new_session=True)
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    return child.wait()

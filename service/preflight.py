@@ -1,0 +1,108 @@
+"""Preflight: is the target servable, and does the drafter fit it? Fails fast, naming the field.
+
+Runs before SGLang starts (which takes 30 s+ and then fails with a deep traceback, or --
+for some mismatches -- silently: DFlash's weight loader ignores unknown tensor names).
+Reads only config.json files and the safetensors header; imports neither torch nor sglang.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.config import ConfigError, ServeConfig
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    target_layers: int
+    hidden_size: int
+    vocab_size: int
+    draft_block_size: int | None
+    block_size: int | None  # what will be verified per step
+    target_layer_ids: tuple[int, ...] = ()
+
+
+def _read_config(directory: Path, field: str) -> dict:
+    if not directory.is_dir():
+        raise ConfigError(f"{field}: directory not found: {directory}")
+    cfg = directory / "config.json"
+    if not cfg.is_file():
+        raise ConfigError(f"{field}: no config.json in {directory} (expected a Hugging Face model directory)")
+    try:
+        data = json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{field}: {cfg} is not valid JSON: {e}") from None
+    return data.get("text_config", data) | {k: v for k, v in data.items() if k == "dflash_config"}
+
+
+def _safetensors_shapes(directory: Path) -> dict[str, list[int]]:
+    """Tensor shapes from the safetensors header (8-byte length + JSON), without loading weights."""
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        shapes |= {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    return shapes
+
+
+def _get_int(cfg: dict, key: str, field: str, where: Path) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int):
+        raise ConfigError(f"{field}: {where}/config.json has no integer {key!r}")
+    return value
+
+
+def check(config: ServeConfig) -> PreflightReport:
+    target = _read_config(config.model.path, "model.path")
+    tok_dir = config.model.tokenizer or config.model.path
+    if not any((tok_dir / f).is_file() for f in _TOKENIZER_FILES):
+        field = "model.tokenizer" if config.model.tokenizer else "model.path"
+        raise ConfigError(f"{field}: no tokenizer files in {tok_dir} (set model.tokenizer to a tokenizer directory)")
+    n_layers = _get_int(target, "num_hidden_layers", "model.path", config.model.path)
+    hidden = _get_int(target, "hidden_size", "model.path", config.model.path)
+    vocab = _get_int(target, "vocab_size", "model.path", config.model.path)
+    spec = config.speculative
+    if spec.algorithm == "none":
+        return PreflightReport(n_layers, hidden, vocab, None, None)
+
+    where = spec.draft_model_path
+    field = "speculative.draft_model_path"
+    draft = _read_config(where, field)
+    if not list(where.glob("*.safetensors")):
+        raise ConfigError(f"{field}: no *.safetensors weights in {where}")
+    d_hidden = _get_int(draft, "hidden_size", field, where)
+    if d_hidden != hidden:
+        raise ConfigError(f"{field}: drafter hidden_size {d_hidden} does not match the target's {hidden} "
+                          f"(model.path); this drafter was trained for another model")
+    d_vocab = _get_int(draft, "vocab_size", field, where)
+    if d_vocab != vocab:
+        raise ConfigError(f"{field}: drafter vocab_size {d_vocab} does not match the target's {vocab} "
+                          f"(model.path); drafter and target must share a tokenizer")
+    dflash = draft.get("dflash_config") or {}
+    layer_ids = dflash.get("target_layer_ids")
+    if not isinstance(layer_ids, list) or not layer_ids or not all(isinstance(i, int) for i in layer_ids):
+        raise ConfigError(f"{field}: config.json needs dflash_config.target_layer_ids (a list of target layer indices)")
+    bad = [i for i in layer_ids if not 0 <= i < n_layers]
+    if bad:
+        raise ConfigError(f"{field}: dflash_config.target_layer_ids {bad} out of range for a target with "
+                          f"{n_layers} layers (valid: 0..{n_layers - 1})")
+    mask = dflash.get("mask_token_id")
+    if mask is not None and not (isinstance(mask, int) and 0 <= mask < vocab):
+        raise ConfigError(f"{field}: dflash_config.mask_token_id {mask} is outside the target vocabulary (0..{vocab - 1})")
+    draft_block = draft.get("block_size", dflash.get("block_size"))
+    if not isinstance(draft_block, int) or draft_block < 2:
+        raise ConfigError(f"{field}: config.json needs an integer block_size >= 2 (the drafter's trained block)")
+    block = spec.block_size or draft_block
+    if block > draft_block:
+        raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
+                          f"{draft_block}; use a value in 2..{draft_block}")
+    fc = _safetensors_shapes(where).get("fc.weight")
+    if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
+        raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
+                          f"for {len(layer_ids)} target layers of hidden size {hidden}")
+    return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))

@@ -1,0 +1,103 @@
+"""Turn a ServeConfig into `sglang serve` arguments, checked by SGLang's own parser."""
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+from service.config import ConfigError, Device, ServeConfig
+
+# Flags the structured config owns: setting them in sglang_args would fight the config.
+_OWNED = {
+    "model_path", "tokenizer_path", "dtype", "served_model_name", "context_length", "host", "port", "device",
+    "api_key", "enable_metrics", "max_total_tokens", "max_running_requests", "speculative_algorithm",
+    "speculative_draft_model_path", "speculative_num_draft_tokens", "speculative_dflash_block_size",
+}
+_CONFIG_FIELD_FOR = {
+    "model_path": "model.path", "tokenizer_path": "model.tokenizer", "dtype": "model.dtype",
+    "served_model_name": "model.served_name", "context_length": "model.context_length", "host": "server.host",
+    "port": "server.port", "device": "server.device", "api_key": "server.api_key_env",
+    "enable_metrics": "server.metrics", "max_total_tokens": "server.max_total_tokens",
+    "max_running_requests": "server.max_running_requests",
+}
+
+# What SGLang needs to run on CPU: torch-native attention (no FlashInfer), no CUDA graphs, and
+# no overlap scheduling (its CUDA-stream overlap buys nothing on CPU and DFlash v2 relays via it).
+CPU_DEFAULTS = {
+    "attention_backend": "torch_native",
+    "disable_overlap_schedule": True,
+    "cuda_graph_backend_decode": "disabled",
+    "cuda_graph_backend_prefill": "disabled",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's real `serve` parser (imports sglang: ~10 s)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang serve", add_help=False, exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def to_argv(items: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for dest, value in items.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(_flag(dest))
+        elif isinstance(value, (list, tuple)):
+            argv += [_flag(dest), *map(str, value)]
+        else:
+            argv += [_flag(dest), str(value)]
+    return argv
+
+
+def build_args(config: ServeConfig, api_key: str | None = None, block_size: int | None = None) -> dict[str, Any]:
+    """All server arguments by dest name, in a stable order. `api_key` comes from the environment."""
+    m, s, sp = config.model, config.server, config.speculative
+    args: dict[str, Any] = {
+        "model_path": m.path, "tokenizer_path": m.tokenizer, "dtype": m.dtype,
+        "served_model_name": m.served_name, "context_length": m.context_length,
+        "host": s.host, "port": s.port, "device": s.device.value, "api_key": api_key,
+        "enable_metrics": s.metrics, "max_total_tokens": s.max_total_tokens,
+        "max_running_requests": s.max_running_requests,
+    }
+    if sp.algorithm == "dflash":
+        args |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": sp.draft_model_path,
+                 "speculative_num_draft_tokens": block_size or sp.block_size}
+    if s.device is Device.cpu:
+        args |= {k: v for k, v in CPU_DEFAULTS.items() if k not in config.sglang_args}
+    return args | config.sglang_args
+
+
+def validate_passthrough(config: ServeConfig, parser: argparse.ArgumentParser | None = None) -> None:
+    """Every `sglang_args` key must be a real SGLang flag not owned by the config, and its value must parse."""
+    parser = parser or sglang_parser()
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    for key, value in config.sglang_args.items():
+        field = f"sglang_args.{key}"
+        if key in _OWNED:
+            owner = _CONFIG_FIELD_FOR.get(key, "speculative")
+            raise ConfigError(f"{field}: set this through `{owner}` in the config, not sglang_args")
+        action = actions.get(key.replace("-", "_"))
+        if action is None:
+            import difflib
+
+            close = difflib.get_close_matches(key, list(actions), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{field}: not an `sglang serve` argument{hint}")
+        is_flag = action.nargs == 0
+        if is_flag and not isinstance(value, bool):
+            raise ConfigError(f"{field}: is an on/off flag; use true or false")
+        if not is_flag:
+            try:
+                parser.parse_args(["--model-path", "_"] + to_argv({action.dest: value}))
+            except (argparse.ArgumentError, SystemExit) as e:
+                raise ConfigError(f"{field}: invalid value {value!r}: {e}") from None
