@@ -1,0 +1,160 @@
+"""Every config mistake fails before SGLang starts, with one line naming the field."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.config import ConfigError, load_config
+from service.launcher import plan
+from service.preflight import check
+from tests.conftest import REPO
+
+
+def write(tmp_path: Path, data, name="cfg.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def good(pair, **spec) -> dict:
+    return {"model": {"path": str(pair["target"])},
+            "speculative": spec or {"algorithm": "dflash", "draft_model_path": str(pair["drafter"])}}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_default_cpu_config_passes_preflight(tiny_pair):
+    cfg = load_config(REPO / "deploy/configs/cpu.yaml")
+    report = check(cfg) if cfg.model.path.exists() else None
+    if report is None:
+        pytest.skip("models/tiny-random not built (run scripts/install-cpu.sh)")
+    assert report.block_size == report.draft_block_size == 16
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "config file not found"),
+    ("model: [unclosed", "invalid YAML at line 1"),
+    ({"model": {"path": "x"}, "servr": {}}, "servr: unknown key"),
+    ({"model": {"path": "x", "dtyp": "float32"}}, "model.dtyp: unknown key"),
+    ({"model": {"path": "x"}, "server": {"port": "eighty"}}, "server.port: Input should be a valid integer"),
+    ({"model": {"path": "x"}, "server": {"port": 70000}}, "server.port: Input should be less than or equal to 65535"),
+    ({"model": {"path": "x"}, "server": {"device": "tpu"}}, "server.device: Input should be 'cpu' or 'cuda'"),
+    ({"server": {}}, "model: required field is missing"),
+    ({"model": {"path": "x"}, "speculative": {"algorithm": "dflash"}}, "draft_model_path is required"),
+    ({"model": {"path": "x"}, "speculative": {"algorithm": "eagle"}}, "speculative.algorithm: Input should be"),
+    ("- just\n- a list\n", "(top level): expected a mapping"),
+])
+def test_config_errors_name_the_field(tmp_path, content, message):
+    path = tmp_path / "missing.yaml" if content is None else write(tmp_path, content)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value)
+
+
+def test_missing_model_directory(tmp_path):
+    cfg = load_config(write(tmp_path, {"model": {"path": "nowhere"}}))
+    with pytest.raises(ConfigError, match=r"model.path: directory not found: .*nowhere"):
+        check(cfg)
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path, tiny_pair):
+    (tmp_path / "sub").mkdir()
+    shutil.copytree(tiny_pair["target"], tmp_path / "t")
+    cfg = load_config(write(tmp_path / "sub", {"model": {"path": "../t"}}))
+    assert cfg.model.path == (tmp_path / "t").resolve()
+    assert check(cfg).target_layers == 4
+
+
+def _edit_drafter(tmp_path, pair, edit) -> Path:
+    d = tmp_path / "drafter"
+    shutil.copytree(pair["drafter"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(hidden_size=512), "drafter hidden_size 512 does not match the target's 256"),
+    (lambda c: c.update(vocab_size=5000), "drafter vocab_size 5000 does not match the target's 4096"),
+    (lambda c: c["dflash_config"].update(target_layer_ids=[1, 7]), "target_layer_ids [7] out of range"),
+    (lambda c: c["dflash_config"].update(mask_token_id=99999), "mask_token_id 99999 is outside the target vocabulary"),
+    (lambda c: c.pop("block_size"), "needs an integer block_size"),
+    (lambda c: c["dflash_config"].update(target_layer_ids=[0, 1, 2]), "fc.weight has shape [256, 512], expected [256, 768]"),
+])
+def test_drafter_that_does_not_fit(tmp_path, tiny_pair, edit, message):
+    drafter = _edit_drafter(tmp_path, tiny_pair, edit)
+    cfg = load_config(write(tmp_path, good(tiny_pair, algorithm="dflash", draft_model_path=str(drafter))))
+    with pytest.raises(ConfigError) as e:
+        check(cfg)
+    assert message in str(e.value) and str(e.value).startswith("speculative.draft_model_path:")
+
+
+def test_block_size_larger_than_trained(tmp_path, tiny_pair):
+    data = good(tiny_pair)
+    data["speculative"]["block_size"] = 32
+    with pytest.raises(ConfigError, match=r"speculative.block_size: 32 is larger than the drafter's trained block_size 16"):
+        check(load_config(write(tmp_path, data)))
+
+
+def test_api_key_comes_from_the_named_environment_variable(tmp_path, tiny_pair, monkeypatch):
+    data = good(tiny_pair, algorithm="none") | {"server": {"api_key_env": "DFLASH_TEST_KEY"}}
+    cfg = load_config(write(tmp_path, data))
+    monkeypatch.delenv("DFLASH_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="server.api_key_env: environment variable DFLASH_TEST_KEY is not set"):
+        plan(cfg, validate_sglang_args=False)
+    monkeypatch.setenv("DFLASH_TEST_KEY", "s3cret")
+    p = plan(cfg, validate_sglang_args=False)
+    assert "s3cret" in p.argv and "s3cret" not in p.printable()
+
+
+def test_cpu_launch_plan_sets_the_cpu_layer_and_threads(tmp_path, tiny_pair):
+    data = good(tiny_pair) | {"server": {"device": "cpu", "cpu_threads": 3}}
+    p = plan(load_config(write(tmp_path, data)), validate_sglang_args=False)
+    assert p.env["DFLASH_SERVE_CPU"] == "1" and p.env["OMP_NUM_THREADS"] == "3"
+    argv = " ".join(p.argv)
+    assert "--speculative-algorithm DFLASH" in argv and "--speculative-num-draft-tokens 16" in argv
+    assert "--attention-backend torch_native" in argv and "--host 127.0.0.1" in argv
+
+
+def test_cli_reports_one_line_and_exit_code_2(tmp_path):
+    r = cli("check", "-c", str(write(tmp_path, {"model": {"path": "x"}, "bogus": 1})))
+    assert r.returncode == 2
+    assert r.stderr.strip() == "dflash-serve: error: bogus: unknown key (check the spelling; see the config reference in README.md)"
+
+
+def test_sglang_args_are_checked_against_sglangs_parser(tmp_path, tiny_pair):
+    """One CLI run (imports SGLang once): a typo in a passthrough flag fails at load time."""
+    data = good(tiny_pair) | {"sglang_args": {"chunked_prefil_size": 512}}
+    r = cli("check", "-c", str(write(tmp_path, data)))
+    assert r.returncode == 2
+    assert "sglang_args.chunked_prefil_size: not an `sglang serve` argument (did you mean 'chunked_prefill_size'?)" in r.stderr
+
+
+def test_sglang_args_values_and_owned_flags(tiny_pair, tmp_path):
+    from service.launcher import activate_cpu_layer_here
+    from service.sglang_args import validate_passthrough
+
+    activate_cpu_layer_here()
+    cases = [
+        ({"chunked_prefill_size": "lots"}, "sglang_args.chunked_prefill_size: invalid value 'lots'"),
+        ({"cuda_graph_backend_decode": "sometimes"}, "sglang_args.cuda_graph_backend_decode: invalid value"),
+        ({"disable_overlap_schedule": "yes"}, "is an on/off flag"),
+        ({"port": 1234}, "sglang_args.port: set this through `server.port`"),
+    ]
+    for args, message in cases:
+        cfg = load_config(write(tmp_path, good(tiny_pair) | {"sglang_args": args}))
+        with pytest.raises(ConfigError) as e:
+            validate_passthrough(cfg)
+        assert message in str(e.value)
+    ok = load_config(write(tmp_path, good(tiny_pair) | {"sglang_args": {"chunked_prefill_size": 512, "log_requests": True}}))
+    validate_passthrough(ok)
