@@ -5,59 +5,74 @@ Upstream `TorchNativeAttnBackend` has no TARGET_VERIFY path (forward_extend need
 redundant [L, L] query per request -- O(L^2) per decode step. DFlash uses TARGET_VERIFY
 twice per step: the target verifies the block (causal) and the draft model drafts it
 (ENCODER_ONLY layers: non-causal inside the block). Both are "n new tokens per request
-whose K/V are already written at the end of the request's sequence", which this module
-computes in O(L*n) per request, batched over requests with one SDPA call.
+whose K/V are already written at the end of the request's sequence", computed here in
+O(L*n) per request, batched over requests with one SDPA call per layer.
+
+The gather index and mask depend only on the batch, not the layer, so a `BlockPlan` is
+built once per forward and reused by every layer.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 
-def block_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    block: int,
-    *,
-    causal: bool,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Attend `block` new query tokens per request to that request's cached K/V.
+@dataclass(frozen=True)
+class BlockPlan:
+    bs: int
+    block: int
+    max_len: int
+    slots: torch.Tensor  # [bs * max_len] KV-cache rows, request-major (padded past each length)
+    mask: torch.Tensor | None  # [bs, 1, block or 1, max_len] bool; None when every key is visible
 
-    q: [bs * block, Hq, D]; the block's own K/V must already be in the cache at sequence
-    positions [prefix_i, prefix_i + block). Keys are positions [0, prefix_i + block).
-    causal: query t (position prefix_i + t) sees keys <= its position; otherwise all keys
-    (the DFlash draft's bidirectional block). sliding_window: keys >= position - window.
-    Returns [bs * block, Hq, Dv].
-    """
+
+def make_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, block: int, *,
+              causal: bool, sliding_window: int | None = None) -> BlockPlan:
+    """Keys of request i are sequence positions [0, prefix_i + block). causal: query t
+    (position prefix_i + t) sees keys <= its position; otherwise all of them (the DFlash
+    draft's bidirectional block). sliding_window: only keys >= position - window."""
     bs = prefix_lens.shape[0]
-    if bs == 0:
-        return q.new_empty((0, q.shape[1], v_cache.shape[-1]))
     prefix = prefix_lens.to(torch.long)
     kv_lens = prefix + block
-    max_len = int(kv_lens.max())
-    idx = req_to_token[req_pool_indices.long(), :max_len].long()  # [bs, L]
-    key = k_cache[idx].transpose(1, 2)  # [bs, Hkv, L, D]
-    value = v_cache[idx].transpose(1, 2)
-    query = q.view(bs, block, q.shape[1], q.shape[2]).transpose(1, 2)  # [bs, Hq, n, D]
-    if key.dtype != query.dtype:
-        key, value = key.to(query.dtype), value.to(query.dtype)
-
-    key_pos = torch.arange(max_len, device=q.device).view(1, 1, max_len)
-    mask = key_pos < kv_lens.view(bs, 1, 1)  # [bs, 1, L]: ragged lengths
-    if causal or sliding_window is not None:
-        q_pos = prefix.view(bs, 1, 1) + torch.arange(block, device=q.device).view(1, block, 1)
+    max_len = int(kv_lens.max()) if bs else 0
+    slots = req_to_token[req_pool_indices.long(), :max_len].reshape(-1).long()
+    window = sliding_window if sliding_window is not None and sliding_window > -1 else None
+    ragged = bs > 1 and bool((kv_lens != max_len).any())
+    if not (causal or window is not None or ragged):
+        return BlockPlan(bs, block, max_len, slots, None)
+    key_pos = torch.arange(max_len).view(1, 1, max_len)
+    mask = key_pos < kv_lens.view(bs, 1, 1)
+    if causal or window is not None:
+        q_pos = prefix.view(bs, 1, 1) + torch.arange(block).view(1, block, 1)
         if causal:
             mask = mask & (key_pos <= q_pos)
-        if sliding_window is not None and sliding_window > -1:
-            mask = mask & (key_pos >= q_pos - sliding_window)
-    out = scaled_dot_product_attention(
-        query, key, value, attn_mask=mask.unsqueeze(1), scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )  # [bs, Hq, n, Dv]
+        if window is not None:
+            mask = mask & (key_pos >= q_pos - window)
+    return BlockPlan(bs, block, max_len, slots, mask.unsqueeze(1))
+
+
+def attend(plan: BlockPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           scaling: float | None = None) -> torch.Tensor:
+    """q: [bs * block, Hq, D] -> [bs * block, Hq, Dv]. The block's own K/V must already be cached."""
+    bs, block, n_kv = plan.bs, plan.block, plan.max_len
+    if bs == 0:
+        return q.new_empty((0, q.shape[1], v_cache.shape[-1]))
+    # index_select on a 2-D view is >10x faster than advanced indexing for large gathers.
+    key = k_cache.reshape(k_cache.shape[0], -1).index_select(0, plan.slots).view(bs, n_kv, *k_cache.shape[1:])
+    value = v_cache.reshape(v_cache.shape[0], -1).index_select(0, plan.slots).view(bs, n_kv, *v_cache.shape[1:])
+    query = q.view(bs, block, q.shape[1], q.shape[2]).transpose(1, 2)  # [bs, Hq, n, D]
+    key, value = key.transpose(1, 2), value.transpose(1, 2)  # [bs, Hkv, L, D]
+    if key.dtype != query.dtype:
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    out = scaled_dot_product_attention(query, key, value, attn_mask=plan.mask, scale=scaling,
+                                       enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).reshape(bs * block, q.shape[1], value.shape[-1])
+
+
+def block_attention(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, block, *, causal: bool,
+                    scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+    """One-shot form of make_plan + attend."""
+    plan = make_plan(req_to_token, req_pool_indices, prefix_lens, block, causal=causal, sliding_window=sliding_window)
+    return attend(plan, q, k_cache, v_cache, scaling)

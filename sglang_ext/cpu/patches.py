@@ -174,7 +174,8 @@ def _input_embeds_in_runner_dtype() -> None:
 def _torch_native_block_attention() -> None:
     """layers/attention/torch_native_backend.py: TARGET_VERIFY (target verify, causal; DFlash
     draft, ENCODER_ONLY = non-causal) has no path upstream, and DECODE loops per request.
-    Both become one batched O(L*n) SDPA per layer (cpu/attention.py)."""
+    Both become one batched O(L*n) SDPA per layer (cpu/attention.py). The gather index and
+    mask are built once per forward batch and shared by all its layers."""
 
     def patch(tnb: ModuleType) -> None:
         cls = tnb.TorchNativeAttnBackend
@@ -183,22 +184,24 @@ def _torch_native_block_attention() -> None:
         from sglang.srt.layers.radix_attention import AttentionType
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        from sglang_ext.cpu.attention import block_attention
-
-        original_extend = cls.forward_extend
+        from sglang_ext.cpu.attention import attend, make_plan
 
         def run(self, q, k, v, layer, fb, save_kv_cache, *, block, prefix_lens, causal):
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
-            window = layer.sliding_window_size if causal else None
-            out = block_attention(
-                q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
-                self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-                self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens, block,
-                causal=causal, scaling=layer.scaling, sliding_window=window,
-            )
+            window = layer.sliding_window_size if causal and layer.sliding_window_size not in (None, -1) else None
+            plans = fb.__dict__.setdefault("_dflash_serve_block_plans", {})
+            key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
+                                              block, causal=causal, sliding_window=window)
+            out = attend(plan, q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
+                         self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                         self.token_to_kv_pool.get_value_buffer(layer.layer_id), layer.scaling)
             return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+        original_extend, original_decode = cls.forward_extend, cls.forward_decode
 
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             if not forward_batch.forward_mode.is_target_verify() or layer.is_cross_attention:
@@ -219,7 +222,6 @@ def _torch_native_block_attention() -> None:
             return run(self, q, k, v, layer, forward_batch, save_kv_cache,
                        block=1, prefix_lens=forward_batch.seq_lens - 1, causal=True)
 
-        original_decode = cls.forward_decode
         cls.forward_extend = forward_extend
         cls.forward_decode = forward_decode
 

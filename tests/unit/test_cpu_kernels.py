@@ -62,12 +62,15 @@ def naive_attention(q, k_cache, v_cache, req_to_token, pool_idx, prefix, block, 
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("causal, window, block", [(True, None, 4), (False, None, 4), (True, 3, 4), (True, None, 1)])
-def test_block_attention_matches_naive(causal, window, block):
+@pytest.mark.parametrize("causal, window, block, prefix", [
+    (True, None, 4, [5, 0, 17]), (False, None, 4, [5, 0, 17]), (True, 3, 4, [5, 0, 17]), (True, None, 1, [5, 0, 17]),
+    (False, None, 4, [9, 9, 9]),  # uniform lengths, non-causal: the mask-free path
+])
+def test_block_attention_matches_naive(causal, window, block, prefix):
     g = torch.Generator().manual_seed(1)
     hq, hkv, d, slots = 4, 2, 8, 200
     k_cache, v_cache = torch.randn(slots, hkv, d, generator=g), torch.randn(slots, hkv, d, generator=g)
-    prefix = torch.tensor([5, 0, 17])  # ragged, including an empty prefix
+    prefix = torch.tensor(prefix)  # ragged cases include an empty prefix
     pool_idx = torch.tensor([2, 0, 1])
     req_to_token = torch.randperm(slots, generator=g)[: 3 * 40].view(3, 40).to(torch.int32)
     q = torch.randn(len(prefix) * block, hq, d, generator=g)
