@@ -1,0 +1,206 @@
+"""Per-position acceptance statistics and expected committed tokens per step.
+
+Why: the policy needs E_r(b), the expected tokens request r commits in one step at block b, for every candidate b
+at once. E_r(b) = 1 + sum_{j<b} prod_{i<=j} p_{r,i}, where p_{r,j} is the conditional probability that draft token
+j is accepted given tokens 1..j-1 were.
+
+Model:
+  * Exponentially decayed counts (accepted a_j, tried n_j), j = 1..J (J = B_max - 1), kept globally and per slot.
+    Decay is per decode STEP (``step``): a request's counts by ``decay`` at every step it is in the batch, the
+    global counts by ``global_decay`` at every step. Memory is therefore in time, not in observations: when the
+    width is 1 and only periodic probes observe acceptance, old evidence still fades at the normal rate and the
+    estimate relaxes toward its prior instead of freezing in a stale phase.
+  * Global estimate with a prior chained along positions: p_g1 = (a_g1 + s0*m0) / (n_g1 + s0) and
+    p_gj = (a_gj + s0*p_g,j-1) / (n_gj + s0). Far positions are rarely tried (only after j-1 acceptances), so
+    their prior should be their neighbour's estimate, not a flat m0 (which overstated long blocks on chat).
+  * Request estimate shrunk toward the global one: p_rj = (a_rj + k*p_gj) / (n_rj + k).
+
+Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
+1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
+accepted_len < tried; positions beyond are unobserved. This one form covers a verify at width b
+(``tried = b - 1``, censored), a hindsight comparison (``tried = J``) and a flushed partial block
+(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see policy.observe_step).
+
+Invariants (tested): 0 <= p <= 1; E_r(b) is non-decreasing in b and 1 <= E_r(b) <= b.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class AcceptanceStats:
+    """Decayed per-position acceptance counts, global and per slot; vectorised estimates."""
+
+    def __init__(
+        self,
+        max_block: int,
+        *,
+        decay: float = 0.99,
+        global_decay: float = 0.99,
+        prior_strength: float = 8.0,
+        global_prior_mean: float = 0.5,
+        global_prior_strength: float = 2.0,
+        capacity: int = 64,
+    ) -> None:
+        if max_block < 1:
+            raise ValueError(f"max_block: must be >= 1, got {max_block}")
+        self.max_block = max_block
+        self.J = max_block - 1
+        self.decay = float(decay)
+        self.global_decay = float(global_decay)
+        self.k = float(prior_strength)
+        self.m0 = float(global_prior_mean)
+        self.s0 = float(global_prior_strength)
+        self.a_g = np.zeros(self.J)
+        self.n_g = np.zeros(self.J)
+        self.capacity = 0
+        # Position-major [J, capacity]: the hot path gathers columns and runs cumprod over contiguous rows.
+        self.a_r = np.zeros((self.J, 0))
+        self.n_r = np.zeros((self.J, 0))
+        self._pg_cache: np.ndarray | None = None
+        self._kpg_cache: np.ndarray | None = None
+        self._mats: dict[bytes, np.ndarray] = {}
+        self.resize(capacity)
+
+    # -- storage ----------------------------------------------------------------------------------------------
+    def resize(self, capacity: int) -> None:
+        """Grow per-slot arrays to ``capacity`` rows."""
+        if capacity <= self.capacity:
+            return
+        a = np.zeros((self.J, capacity))
+        n = np.zeros((self.J, capacity))
+        a[:, : self.capacity] = self.a_r
+        n[:, : self.capacity] = self.n_r
+        self.a_r, self.n_r, self.capacity = a, n, capacity
+
+    def reset(self, slots: np.ndarray) -> None:
+        """Zero the per-request counts of ``slots`` (request finished or slot reused)."""
+        self.a_r[:, slots] = 0.0
+        self.n_r[:, slots] = 0.0
+
+    # -- updates ----------------------------------------------------------------------------------------------
+    def _counts(self, groups: np.ndarray, n_groups: int, accepted: np.ndarray, tried: np.ndarray) -> tuple:
+        """Per-group position counts [n_groups, J] (accepted, tried) of a set of observations.
+
+        Each observation is a step function over positions (accepted: j <= acc; tried: j <= min(acc + 1, tried)),
+        so a histogram of the two limits per group and a reverse cumulative sum give the counts without any
+        per-observation loop.
+        """
+        J1 = self.J + 1
+        tr = np.minimum(np.asarray(tried, dtype=np.int64), self.J)
+        acc = np.minimum(np.asarray(accepted, dtype=np.int64), tr)
+        lim = np.minimum(acc + 1, tr)
+        base = groups * J1
+        ha = np.bincount(base + acc, minlength=n_groups * J1).reshape(n_groups, J1)
+        hn = np.bincount(base + lim, minlength=n_groups * J1).reshape(n_groups, J1)
+        # count of observations with limit >= j, for j = 1..J
+        A = np.cumsum(ha[:, ::-1], axis=1)[:, ::-1][:, 1:]
+        N = np.cumsum(hn[:, ::-1], axis=1)[:, ::-1][:, 1:]
+        return A, N
+
+    def step(self, slots: np.ndarray) -> None:
+        """One decode step elapsed with ``slots`` in the batch: decay their counts and the global counts."""
+        if self.decay < 1.0:
+            self.a_r[:, slots] *= self.decay
+            self.n_r[:, slots] *= self.decay
+        if self.global_decay < 1.0:
+            self.a_g *= self.global_decay
+            self.n_g *= self.global_decay
+            self._pg_cache = None
+            self._kpg_cache = None
+
+    def observe(self, slots: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
+        """Add observations ``(slots[i], accepted[i], tried[i])`` to the slot and global counts (no decay)."""
+        m = int(np.size(slots))
+        if m == 0 or self.J == 0:
+            return
+        uniq, inv = np.unique(np.asarray(slots, dtype=np.intp), return_inverse=True)
+        A, N = self._counts(inv, uniq.size, accepted, tried)
+        self.a_r[:, uniq] += A.T
+        self.n_r[:, uniq] += N.T
+        self._add_global(A.sum(axis=0), N.sum(axis=0))
+
+    def _add_global(self, a: np.ndarray, n: np.ndarray) -> None:
+        self.a_g = self.a_g + a
+        self.n_g = self.n_g + n
+        self._pg_cache = None
+        self._kpg_cache = None
+
+    def observe_global_only(self, accepted: np.ndarray, tried: np.ndarray) -> None:
+        """Observations whose request is gone (flushed at finish): global counts only."""
+        m = int(np.size(accepted))
+        if m == 0 or self.J == 0:
+            return
+        A, N = self._counts(np.zeros(m, dtype=np.int64), 1, accepted, tried)
+        self._add_global(A[0], N[0])
+
+    # -- estimates --------------------------------------------------------------------------------------------
+    def global_p(self) -> np.ndarray:
+        """Global p_j, j = 1..J (cached until the next update)."""
+        if self._pg_cache is None:
+            pg = np.empty(self.J)
+            prior = self.m0
+            for j in range(self.J):  # J <= ~15 scalars, once per update
+                prior = (float(self.a_g[j]) + self.s0 * prior) / (float(self.n_g[j]) + self.s0)
+                pg[j] = prior
+            self._pg_cache = pg
+        return self._pg_cache
+
+    def request_p(self, slots: np.ndarray) -> np.ndarray:
+        """Shrunk per-request p_rj for ``slots`` -> [len(slots), J]. Slot 0 (no data) gives the global p."""
+        return self._request_p_t(slots).T
+
+    def _request_p_t(self, slots: np.ndarray) -> np.ndarray:
+        """Position-major [J, len(slots)] estimates (a fresh array the caller may overwrite)."""
+        a = self.a_r.take(slots, axis=1)
+        n = self.n_r.take(slots, axis=1)
+        if self.k > 0.0:
+            if self._kpg_cache is None:
+                self._kpg_cache = (self.k * self.global_p())[:, None]
+            a += self._kpg_cache
+            n += self.k
+            a /= n
+            return a
+        pg = self.global_p()[:, None]
+        safe = np.where(n > 0.0, n, 1.0)
+        return np.where(n > 0.0, a / safe, pg)
+
+    def expected_tokens(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """E_r(b) for each slot and block -> [len(slots), len(blocks)] (blocks are 1..max_block)."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        p = self._request_p_t(slots)
+        s = np.zeros((self.J + 1, p.shape[1]))
+        np.cumsum(np.cumprod(p, axis=0), axis=0, out=s[1:])
+        return 1.0 + s[blocks - 1].T
+
+    def _block_matrix(self, blocks: np.ndarray) -> np.ndarray:
+        """[len(blocks), J] indicator M[k, j] = (j + 1 < blocks[k]): E = 1 + M @ cumprod(p) (cached per blocks)."""
+        b = np.asarray(blocks, dtype=np.int64)
+        key = b.tobytes()
+        m = self._mats.get(key)
+        if m is None:
+            m = (np.arange(1, self.J + 1)[None, :] < b[:, None]).astype(float)
+            self._mats[key] = m
+        return m
+
+    def expected_tokens_t(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """E_r(b) block-major -> [len(blocks), len(slots)] (the decision's hot path; fresh array)."""
+        if not self.J:
+            return np.ones((len(blocks), slots.shape[0]))
+        p = self._request_p_t(slots)
+        np.multiply.accumulate(p, axis=0, out=p)
+        e = self._block_matrix(blocks) @ p
+        e += 1.0
+        return e
+
+    def batch_expected_tokens(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """sum_r E_r(b) over the batch for each block -> [len(blocks)]. The decision's hot path."""
+        n = slots.shape[0]
+        s = np.empty(self.J + 1)
+        s[0] = 0.0
+        if self.J:
+            p = self._request_p_t(slots)
+            np.cumprod(p, axis=0, out=p)
+            np.cumsum(p.sum(axis=1), out=s[1:])
+        return n + s[blocks - 1]

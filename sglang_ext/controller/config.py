@@ -1,0 +1,215 @@
+"""Controller configuration: one frozen, validated record.
+
+Why a separate module: the service layer (YAML config, CLI) builds this record without importing the numeric
+code, and every validation error names the offending field so a user can fix their YAML.
+
+Contract:
+  * ``ControllerConfig(...)`` validates in ``__post_init__``; an invalid record cannot exist.
+  * ``validate()`` raises ``ValueError`` whose message starts with ``"<field>: "``.
+  * ``from_dict(d)`` accepts plain JSON/YAML data (lists for tuples, string keys for ``schedule``) and rejects
+    unknown keys, naming them.
+  * Bounds that depend on the drafter (``max_block``) are checked by ``check_against_max_block`` when the
+    controller is built, because the config file does not know the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("adaptive", "fixed", "schedule")
+OBJECTIVES = ("steady", "step")
+
+
+def _fail(name: str, message: str) -> None:
+    raise ValueError(f"{name}: {message}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of the adaptive block-size controller (see ARCHITECTURE.md §3).
+
+    mode: ``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``) or ``schedule``
+        (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
+        smallest key's entry applies).
+    candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1.
+    hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
+    min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size
+        bucket changes: a new load level is a new situation, not noise).
+    decay: per-step decay of a request's acceptance counts (memory ~ 1 / (1 - decay) of its decode steps).
+    global_decay: per-step decay of the global counts (the prior of new requests and of rarely seen positions).
+    prior_strength: k of the Beta prior that shrinks a request's estimate toward the global one.
+    global_prior_mean / global_prior_strength: Beta prior of the global estimate of position 1 before any data
+        (position j's prior is position j-1's estimate, with the same strength).
+    probe_interval: while the chosen block is 1 (draft skipped), ask for a full draft every this many steps so
+        hindsight keeps observing acceptance; 0 disables probing.
+    fixed_block: the block of ``fixed`` mode (must be a candidate).
+    schedule: the table of ``schedule`` mode; stored as a sorted tuple of ``(batch_size, block)`` pairs.
+    cost_ema: weight of a new step-time measurement in the cost table's EMA.
+    cost_sync_interval: observed steps between cost-table broadcasts (see ``BlockSizeController.cost_sync_due``).
+    objective: ``steady`` (default) scores block b by the long-run goodput of a closed batch, bs * H(b) / T(B, b),
+        H = token-weighted harmonic mean of E_r(b) (requests that accept less stay longer in the batch); ``step``
+        scores by this step's goodput, sum_r E_r(b) / T(B, b). Both agree at the current block. See policy.py.
+    explore_margin: try a block whose cost cell (this batch bucket) is unmeasured or stale when its predicted
+        goodput is within this fraction of the current block's, for one dwell period; 0 disables.
+    explore_stale_measurements: a cost cell counts as stale after this many step-time measurements elsewhere.
+    """
+
+    mode: str = "adaptive"
+    candidates: tuple[int, ...] = (1, 2, 4, 8, 16)
+    hysteresis: float = 0.03
+    min_dwell_steps: int = 8
+    decay: float = 0.99
+    global_decay: float = 0.99
+    prior_strength: float = 8.0
+    global_prior_mean: float = 0.5
+    global_prior_strength: float = 2.0
+    probe_interval: int = 32
+    fixed_block: int | None = None
+    schedule: Any = None  # Mapping[int, int] | tuple[tuple[int, int], ...] | None; normalised to a tuple
+    cost_ema: float = 0.1
+    cost_sync_interval: int = 16
+    objective: str = "steady"
+    explore_margin: float = 0.1
+    explore_stale_measurements: int = 4096
+
+    def __post_init__(self) -> None:
+        # Normalise containers before validating so the stored record is hashable and canonical.
+        cands = self.candidates
+        if isinstance(cands, (list, tuple)):
+            object.__setattr__(self, "candidates", tuple(cands))
+        sched = self.schedule
+        if sched is not None:
+            object.__setattr__(self, "schedule", _normalise_schedule(sched))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError("<field>: ...")`` for the first invalid field."""
+        if self.mode not in MODES:
+            _fail("mode", f"must be one of {MODES}, got {self.mode!r}")
+        c = self.candidates
+        if not isinstance(c, tuple) or len(c) == 0:
+            _fail("candidates", f"must be a non-empty sequence of ints, got {c!r}")
+        if not all(_is_int(b) and b >= 1 for b in c):
+            _fail("candidates", f"every block size must be an int >= 1, got {c!r}")
+        if any(b2 <= b1 for b1, b2 in zip(c, c[1:])):
+            _fail("candidates", f"must be strictly increasing, got {c!r}")
+        if not (_is_real(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
+            _fail("hysteresis", f"must be a number in [0, 1), got {self.hysteresis!r}")
+        if not (_is_int(self.min_dwell_steps) and self.min_dwell_steps >= 0):
+            _fail("min_dwell_steps", f"must be an int >= 0, got {self.min_dwell_steps!r}")
+        for name in ("decay", "global_decay"):
+            v = getattr(self, name)
+            if not (_is_real(v) and 0.0 < v <= 1.0):
+                _fail(name, f"must be a number in (0, 1], got {v!r}")
+        if not (_is_real(self.prior_strength) and self.prior_strength >= 0.0):
+            _fail("prior_strength", f"must be a number >= 0, got {self.prior_strength!r}")
+        if not (_is_real(self.global_prior_mean) and 0.0 <= self.global_prior_mean <= 1.0):
+            _fail("global_prior_mean", f"must be a number in [0, 1], got {self.global_prior_mean!r}")
+        if not (_is_real(self.global_prior_strength) and self.global_prior_strength > 0.0):
+            _fail("global_prior_strength", f"must be a number > 0, got {self.global_prior_strength!r}")
+        if not (_is_int(self.probe_interval) and self.probe_interval >= 0):
+            _fail("probe_interval", f"must be an int >= 0 (0 disables probing), got {self.probe_interval!r}")
+        if not (_is_real(self.cost_ema) and 0.0 < self.cost_ema <= 1.0):
+            _fail("cost_ema", f"must be a number in (0, 1], got {self.cost_ema!r}")
+        if not (_is_int(self.cost_sync_interval) and self.cost_sync_interval >= 1):
+            _fail("cost_sync_interval", f"must be an int >= 1, got {self.cost_sync_interval!r}")
+        if not (_is_real(self.explore_margin) and 0.0 <= self.explore_margin < 1.0):
+            _fail("explore_margin", f"must be a number in [0, 1), got {self.explore_margin!r}")
+        if not (_is_int(self.explore_stale_measurements) and self.explore_stale_measurements >= 1):
+            _fail("explore_stale_measurements", f"must be an int >= 1, got {self.explore_stale_measurements!r}")
+        if self.objective not in OBJECTIVES:
+            _fail("objective", f"must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.mode == "fixed":
+            if self.fixed_block is None:
+                _fail("fixed_block", "is required when mode is 'fixed'")
+        if self.fixed_block is not None:
+            if not (_is_int(self.fixed_block) and self.fixed_block >= 1):
+                _fail("fixed_block", f"must be an int >= 1, got {self.fixed_block!r}")
+            if self.fixed_block not in c:
+                _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {c}")
+        if self.mode == "schedule" and self.schedule is None:
+            _fail("schedule", "is required when mode is 'schedule'")
+        if self.schedule is not None:
+            if not isinstance(self.schedule, tuple) or len(self.schedule) == 0:
+                _fail("schedule", f"must be a non-empty mapping batch_size -> block, got {self.schedule!r}")
+            for bs, blk in self.schedule:
+                if not (_is_int(bs) and bs >= 1):
+                    _fail("schedule", f"batch-size key must be an int >= 1, got {bs!r}")
+                if blk not in c:
+                    _fail("schedule", f"block {blk!r} for batch size {bs} is not one of the candidates {c}")
+
+    def check_against_max_block(self, max_block: int) -> None:
+        """Check drafter-dependent bounds: every block used must be <= the drafter's trained block."""
+        if not (_is_int(max_block) and max_block >= 1):
+            _fail("max_block", f"must be an int >= 1, got {max_block!r}")
+        if not any(b <= max_block for b in self.candidates):
+            _fail("candidates", f"no candidate <= max_block={max_block}: {self.candidates}")
+        if self.fixed_block is not None and self.fixed_block > max_block:
+            _fail("fixed_block", f"{self.fixed_block} exceeds the drafter's block size {max_block}")
+        if self.schedule is not None:
+            for bs, blk in self.schedule:
+                if blk > max_block:
+                    _fail("schedule", f"block {blk} for batch size {bs} exceeds the drafter's block {max_block}")
+
+    def schedule_map(self) -> dict[int, int]:
+        """The schedule as a plain dict (empty when unset)."""
+        return dict(self.schedule or ())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form; ``from_dict(cfg.to_dict()) == cfg``."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["candidates"] = list(self.candidates)
+        d["schedule"] = None if self.schedule is None else {str(k): v for k, v in self.schedule}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ControllerConfig":
+        """Build from plain data (parsed YAML/JSON); unknown keys are an error naming the key."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"config: expected a mapping, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            _fail(str(unknown[0]), f"unknown controller setting (known: {sorted(known)})")
+        kwargs = dict(d)
+        if "candidates" in kwargs and isinstance(kwargs["candidates"], list):
+            kwargs["candidates"] = tuple(kwargs["candidates"])
+        return cls(**kwargs)
+
+
+def _normalise_schedule(sched: Any) -> tuple[tuple[int, int], ...]:
+    """Accept a mapping (keys may be strings, as in JSON/YAML) or pairs; return sorted int pairs."""
+    if isinstance(sched, Mapping):
+        items = list(sched.items())
+    elif isinstance(sched, (list, tuple)):
+        items = []
+        for it in sched:
+            if not (isinstance(it, (list, tuple)) and len(it) == 2):
+                _fail("schedule", f"entries must be (batch_size, block) pairs, got {it!r}")
+            items.append((it[0], it[1]))
+    else:
+        _fail("schedule", f"must be a mapping batch_size -> block, got {type(sched).__name__}")
+    out: dict[int, int] = {}
+    for k, v in items:
+        try:
+            kk = int(k) if not isinstance(k, bool) else None
+        except (TypeError, ValueError):
+            kk = None
+        if kk is None or (isinstance(k, float) and not float(k).is_integer()):
+            _fail("schedule", f"batch-size key must be an integer, got {k!r}")
+        if not _is_int(v):
+            _fail("schedule", f"block for batch size {k!r} must be an int, got {v!r}")
+        out[kk] = v
+    return tuple(sorted(out.items()))

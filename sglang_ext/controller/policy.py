@@ -1,0 +1,377 @@
+"""The block-size controller: picks the verify width b for every decode step.
+
+Why: the best b shrinks as load grows (verify turns compute-bound) and depends on what the requests are; a fixed b
+is wrong somewhere. ``fixed`` and ``schedule`` modes exist for operators who want control.
+
+Adaptive decision. Score every candidate b, pick the best, but switch away from the current block c only if the
+best beats it by more than ``hysteresis`` and c has been used for ``min_dwell_steps`` decisions (waived when the
+batch-size bucket changes), so noise does not make it flap.
+  * objective ``step``: G(b) = sum_r E_r(b) / T(B, b), this step's predicted goodput (ARCHITECTURE.md §3).
+  * objective ``steady`` (default): G(b) = B * H(b) / T(B, b), H(b) = sum_r w_r / sum_r (w_r / E_r(b)) with
+    w_r = E_r(c). Why: in a busy server a finished request is replaced, and a request that accepts little stays
+    in the batch longer, so the batch is over-weighted (per token) with low-acceptance requests. The long-run
+    goodput of running b is the token-weighted HARMONIC mean of E_r(b), not this step's sum; the step objective
+    over-values wide blocks whenever acceptance differs across requests (in the simulator: 0.95 vs 0.975 of the
+    best fixed b on per-request switching traffic at C=32). Both objectives are equal at b = c, so the
+    hysteresis compares like with like; with one request they are identical.
+  * exploration: a block whose cost cell (this batch bucket) has fewer than max(4, min_dwell_steps)
+    measurements, or is stale, and whose predicted goodput is within ``explore_margin`` of c's, is tried for one
+    dwell period (each cell at most once per 4 sync intervals). If the seed table was modelled rather than
+    profiled on this machine (``CostModel.seed_measured`` False: roofline default, a guess), every never-measured
+    cell of the bucket in use is tried once regardless. Why: unmeasured cells are extrapolated; an overstated
+    one would otherwise never be chosen, hence never measured (with a flat seed the simulator stayed on b=16 at
+    C=64 at 0.67 of the best fixed b).
+  * probes: at b = 1 the worker skips the draft; every ``probe_interval`` steps the decision asks for a full
+    draft anyway so hindsight keeps observing acceptance (b > 1 always drafts the full block).
+
+Tensor-parallel determinism (critical). Every TP rank runs its own controller; if two ranks pick different b the
+collectives of the verify forward hang. So a decision depends ONLY on inputs that are identical on every rank:
+  * acceptance data: accepted counts, drafted and committed tokens (``observe_step``), identical after sampling;
+  * the batch (request ids, batch size) and the call sequence (step counters for dwell and probing);
+  * the ACTIVE cost table, which changes only through ``CostModel.load`` of a table that rank 0 exported and
+    broadcast (``sync_cost_table``), and carries a ``version``.
+Measured wall times differ per rank, so they enter ONLY through rank 0's cost-model learner: ``observe_step_time``
+raises on other ranks, and even on rank 0 a measurement changes nothing until the next broadcast. Call
+``sync_cost_table`` on all ranks at the same step (``cost_sync_due`` is computed from the identical step count).
+
+Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step):
+  1. ``d = decide(request_ids)``: verify width ``d.block_size``; draft the full block iff ``d.draft_full`` (always
+     true for b > 1; for b = 1 it is true once every ``probe_interval`` steps so hindsight keeps learning).
+  2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
+     (``drafted`` = the full drafted block [bs, max_block - 1], or None if the draft was skipped), and on rank 0
+     ``observe_step_time(bs, b, seconds, draft_full=d.draft_full)``. With overlap scheduling these arrive one
+     step late; that is fine.
+  3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
+  4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from .acceptance import AcceptanceStats
+from .config import ControllerConfig
+from .cost_model import CostModel
+from .hindsight import HindsightBuffer
+from .slots import SlotMap
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to run this step.
+
+    block_size: verify width b (1 = plain decoding).
+    draft_full: run the drafter over its full trained block this step.
+    predicted_goodput: predicted committed tokens per second of the whole batch at ``block_size``.
+    expected_tokens: predicted committed tokens per request this step at ``block_size`` (mean over the batch).
+    switched: ``block_size`` differs from the previous decision's.
+    cost_table_version: version of the active cost table used (equal on all TP ranks by construction).
+    """
+
+    block_size: int
+    draft_full: bool
+    predicted_goodput: float
+    expected_tokens: float
+    switched: bool = False
+    cost_table_version: int = 0
+
+
+class BlockSizeController:
+    """Adaptive / fixed / scheduled choice of the verify width (see module docstring for the contracts)."""
+
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        cost: CostModel,
+        max_block: int = 16,
+        is_rank0: bool = True,
+        *,
+        initial_capacity: int = 64,
+    ) -> None:
+        cfg.validate()
+        cfg.check_against_max_block(max_block)
+        self.cfg = cfg
+        self.cost_model = cost
+        self.max_block = int(max_block)
+        self.is_rank0 = bool(is_rank0)
+        cands = [b for b in cfg.candidates if b <= max_block]
+        missing = [b for b in cands if b not in cost.block_sizes]
+        if missing:
+            raise ValueError(f"candidates: {missing} have no column in the cost model {cost.block_sizes}")
+        self.candidates: tuple[int, ...] = tuple(cands)
+        self._cands = np.asarray(cands, dtype=np.int64)
+        self._cost_idx = np.asarray([cost.block_sizes.index(b) for b in cands], dtype=np.intp)
+        self._index = {b: k for k, b in enumerate(cands)}
+        self.J = self.max_block - 1
+        self.slots = SlotMap(initial_capacity)
+        cap = self.slots.capacity
+        self.stats = AcceptanceStats(
+            self.max_block,
+            decay=cfg.decay,
+            global_decay=cfg.global_decay,
+            prior_strength=cfg.prior_strength,
+            global_prior_mean=cfg.global_prior_mean,
+            global_prior_strength=cfg.global_prior_strength,
+            capacity=cap,
+        )
+        self.hindsight = HindsightBuffer(self.max_block, cap) if self.J > 0 else None
+        sched = cfg.schedule_map()
+        self._sched_keys = sorted(sched)
+        self._sched_vals = [sched[k] for k in self._sched_keys]
+        # decision state (identical on all ranks: driven by identical call sequences)
+        self._cur: int | None = None  # index into candidates
+        self._dwell = 0
+        self._since_draft = 0
+        self._last_bucket: int | None = None
+        self.steps_decided = 0
+        self.steps_observed = 0
+        self.switches = 0
+        self.skipped_probe_timings = 0
+        self.explorations = 0
+        self._explored: dict[tuple[int, int], int] = {}
+        self._under_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._under_version = -1
+        self._last_key: tuple = ()
+        self._last_gen = -1
+        self._last_slots = np.zeros(0, dtype=np.intp)
+
+    # -- decision ---------------------------------------------------------------------------------------------
+    def _scheduled_block(self, bs: int) -> int:
+        i = bisect.bisect_right(self._sched_keys, bs) - 1
+        return self._sched_vals[max(i, 0)]
+
+    def _lookup(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """Slots of the batch; reuses the previous lookup when the batch and the slot map are unchanged."""
+        key = tuple(request_ids)
+        if key == self._last_key and self._last_gen == self.slots.generation:
+            return self._last_slots
+        slots = self.slots.lookup(key)
+        self._last_key, self._last_gen, self._last_slots = key, self.slots.generation, slots
+        return slots
+
+    def goodput(self, request_ids: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change."""
+        bs = len(request_ids)
+        slots = self._lookup(request_ids)
+        E = self.stats.expected_tokens_t(slots, self._cands)  # [candidates, bs]
+        tokens = E.sum(axis=1)
+        eff = tokens
+        if self.cfg.objective == "steady" and self._cur is not None and bs > 1:
+            w = E[self._cur]
+            eff = (bs * w.sum()) / (w / E).sum(axis=1)
+        return eff / self.cost_model.row(bs)[self._cost_idx], tokens
+
+    def decide(self, request_ids: Sequence[Hashable]) -> Decision:
+        """Choose this step's block size for the batch ``request_ids`` (vectorised; ~tens of µs at batch 64)."""
+        bs = len(request_ids)
+        version = self.cost_model.version
+        if bs == 0:  # nothing to run; report the mode's block without changing any state
+            if self.cfg.mode == "fixed":
+                b = self.cfg.fixed_block
+            elif self.cfg.mode == "schedule":
+                b = self._scheduled_block(0)
+            else:
+                b = self._cands[self._cur] if self._cur is not None else self._cands[0]
+            return Decision(int(b), False, 0.0, 0.0, False, version)  # type: ignore[arg-type]
+        good, tokens = self.goodput(request_ids)
+        cfg = self.cfg
+        cur = self._cur
+        if cfg.mode == "fixed":
+            k = self._index[cfg.fixed_block]  # type: ignore[index]
+        elif cfg.mode == "schedule":
+            k = self._index[self._scheduled_block(bs)]
+        else:
+            best = int(good.argmax())
+            bucket = self.cost_model.bucket_index(bs)
+            may_switch = self._dwell >= cfg.min_dwell_steps or bucket != self._last_bucket
+            if cur is None:
+                k = best
+            elif best != cur and may_switch and good[best] > good[cur] * (1.0 + cfg.hysteresis):
+                k = best
+            else:
+                k = cur
+                if may_switch and cfg.explore_margin > 0.0:
+                    k = self._explore(bs, bucket, good, cur)
+            self._last_bucket = bucket
+        switched = cur is not None and k != cur
+        if switched:
+            self.switches += 1
+        self._dwell = 1 if (cur is None or switched) else self._dwell + 1
+        self._cur = k
+        b = int(self._cands[k])
+        draft_full = b > 1
+        if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
+            draft_full = self._since_draft + 1 >= cfg.probe_interval
+        self._since_draft = 0 if draft_full else self._since_draft + 1
+        self.steps_decided += 1
+        return Decision(b, draft_full, float(good[k]), float(tokens[k] / bs), switched, version)
+
+    def _explore(self, bs: int, bucket: int, good: np.ndarray, cur: int) -> int:
+        """Try a near-best block whose step time was never (or long ago) measured at this load, once per cooldown.
+
+        Why: an unmeasured cell's cost is extrapolated; if extrapolation overstates it the block is never chosen
+        and never measured (a pessimism trap). Depends only on the broadcast table and step counters (TP-safe).
+        """
+        version = self.cost_model.version
+        if self._under_version != version:
+            self._under_cache.clear()
+            self._under_version = version
+        cached = self._under_cache.get(bucket)
+        if cached is None:
+            counts, age = self.cost_model.active_evidence(bs)
+            counts, age = counts[self._cost_idx], age[self._cost_idx]
+            need = max(4, self.cfg.min_dwell_steps)
+            under = (counts < need) | (age > self.cfg.explore_stale_measurements)
+            # a modelled (not profiled) seed says little: measure every never-measured cell once, whatever it predicts
+            never = (counts == 0) & (not self.cost_model.active_seed_measured)
+            cached = (under, never)
+            self._under_cache[bucket] = cached
+        under, never = cached
+        if not under.any():
+            return cur
+        ok = (under & (good >= good[cur] * (1.0 - self.cfg.explore_margin))) | never
+        ok[cur] = False
+        if not ok.any():
+            return cur
+        cooldown = 4 * max(self.cfg.cost_sync_interval, self.cfg.min_dwell_steps)
+        for k in np.argsort(-good):
+            k = int(k)
+            if ok[k] and self.steps_decided - self._explored.get((bucket, k), -(10**18)) >= cooldown:
+                self._explored[(bucket, k)] = self.steps_decided
+                self.explorations += 1
+                return k
+        return cur
+
+    # -- observations (identical on all ranks) -----------------------------------------------------------------
+    def observe_step(
+        self,
+        request_ids: Sequence[Hashable],
+        block_size: int,
+        accepted: np.ndarray | Sequence[int],
+        drafted: np.ndarray | None,
+        committed: Sequence[Sequence[int]],
+    ) -> None:
+        """Feed one verified step.
+
+        accepted[i]: draft tokens accepted for request i (0..block_size-1).
+        drafted: [bs, max_block-1] full drafted block after the anchor, or None when the draft was skipped.
+        committed[i]: the tokens committed for request i this step (len = accepted[i] + 1).
+        With a full drafted block, hindsight (drafted vs committed stream) is the only acceptance observation for
+        that block: it subsumes the censored verify result, so the step is never counted twice. Without one, the
+        verify result is recorded censored at width block_size.
+        """
+        n = len(request_ids)
+        b = int(block_size)
+        if not (1 <= b <= self.max_block):
+            raise ValueError(f"block_size: must be in 1..{self.max_block}, got {block_size!r}")
+        acc = np.asarray(accepted, dtype=np.int64).reshape(-1)
+        if acc.shape[0] != n:
+            raise ValueError(f"accepted: expected {n} entries, got {acc.shape[0]}")
+        if n == 0:
+            return
+        if acc.min() < 0 or acc.max() > b - 1:
+            raise ValueError(f"accepted: values must be in 0..{b - 1} for block_size {b}")
+        if len(committed) != n:
+            raise ValueError(f"committed: expected {n} sequences, got {len(committed)}")
+        counts = np.fromiter(map(len, committed), dtype=np.int64, count=n)
+        if not np.array_equal(counts, acc + 1):
+            raise ValueError("committed: each request must commit accepted + 1 tokens")
+        if drafted is not None:
+            drafted = np.asarray(drafted)
+            if drafted.shape != (n, self.J):
+                raise ValueError(f"drafted: expected shape ({n}, {self.J}), got {drafted.shape}")
+        if len(set(request_ids)) != n:
+            raise ValueError("request_ids: duplicate ids in one step")
+
+        slots, new, grew = self.slots.assign(request_ids)
+        if grew:
+            self.stats.resize(self.slots.capacity)
+            if self.hindsight is not None:
+                self.hindsight.resize(self.slots.capacity)
+        if new.size:
+            self.stats.reset(new)
+            if self.hindsight is not None:
+                self.hindsight.reset(new)
+
+        self.stats.step(slots)
+        if drafted is not None and self.hindsight is not None:
+            self.hindsight.add_blocks(slots, drafted)
+        elif b > 1:
+            self.stats.observe(slots, acc, np.full(n, b - 1, dtype=np.int64))
+        if self.hindsight is not None:
+            tokens = np.fromiter(chain.from_iterable(committed), dtype=np.int64, count=int(counts.sum()))
+            self.hindsight.append(slots, counts, tokens)
+            s, a, t = self.hindsight.resolve(slots)
+            self.stats.observe(s, a, t)
+        self.steps_observed += 1
+
+    def finish(self, request_id: Hashable) -> None:
+        """Forget a finished/aborted request; its undecided hindsight blocks go to the global counts, censored."""
+        slot = self.slots.release(request_id)
+        if slot is None:
+            return
+        if self.hindsight is not None:
+            acc, tried = self.hindsight.flush(slot)
+            self.stats.observe_global_only(acc, tried)
+        self.stats.reset(np.asarray([slot], dtype=np.intp))
+
+    # -- cost table (rank 0 measures; everyone loads the broadcast) -----------------------------------------------
+    def observe_step_time(
+        self, batch_size: int, block_size: int, seconds: float, *, draft_full: bool | None = None
+    ) -> None:
+        """Rank 0 only: fold a measured step time into the cost learner (not into decisions until a sync).
+
+        A b = 1 step that drafted (a probe) is not representative of b = 1 and is skipped.
+        """
+        if not self.is_rank0:
+            raise RuntimeError(
+                "observe_step_time is rank 0's: other TP ranks must only load() the cost table rank 0 broadcasts"
+            )
+        if block_size == 1 and draft_full:
+            self.skipped_probe_timings += 1
+            return
+        self.cost_model.observe(batch_size, block_size, seconds)
+
+    @property
+    def cost_sync_due(self) -> bool:
+        """True every ``cost_sync_interval`` observed steps (same answer on every rank)."""
+        return self.steps_observed > 0 and self.steps_observed % self.cfg.cost_sync_interval == 0
+
+    def sync_cost_table(self, broadcast: Callable[[Any], Any] | None = None) -> int:
+        """Collective: rank 0 exports its learned table, ``broadcast`` delivers rank 0's object to every rank
+        (e.g. a wrapper of ``torch.distributed.broadcast_object_list``), and every rank loads it.
+
+        With a single rank, ``broadcast`` may be None. Returns the active table version.
+        """
+        payload = self.cost_model.export() if self.is_rank0 else None
+        if broadcast is not None:
+            payload = broadcast(payload)
+        elif not self.is_rank0:
+            raise RuntimeError("sync_cost_table: a non-rank-0 controller needs a broadcast function")
+        self.cost_model.load(payload)
+        return self.cost_model.version
+
+    # -- metrics helpers -------------------------------------------------------------------------------------------
+    @property
+    def current_block(self) -> int | None:
+        """Block size of the last decision (None before the first)."""
+        return None if self._cur is None else int(self._cands[self._cur])
+
+    def acceptance_probabilities(self) -> np.ndarray:
+        """Global p_j, j = 1..max_block-1 (copy)."""
+        return self.stats.global_p().copy()
+
+    def expected_tokens(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """E_r(b) per request and candidate -> [bs, len(candidates)] (for metrics and tests)."""
+        return self.stats.expected_tokens(self.slots.lookup(request_ids), self._cands)
+
+    @property
+    def live_requests(self) -> int:
+        """Requests holding a slot (should equal the running batch)."""
+        return len(self.slots)

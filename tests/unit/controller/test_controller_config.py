@@ -1,0 +1,102 @@
+"""ControllerConfig: validation names the field, from_dict/to_dict round-trip, frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_ext.controller import ControllerConfig
+
+
+def test_defaults_match_the_worker_contract() -> None:
+    cfg = ControllerConfig(
+        mode="adaptive",
+        candidates=(1, 2, 4, 8, 16),
+        hysteresis=0.03,
+        min_dwell_steps=8,
+        decay=0.99,
+        prior_strength=8.0,
+        probe_interval=32,
+        fixed_block=None,
+        schedule=None,
+    )
+    assert cfg == ControllerConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.mode = "fixed"  # type: ignore[misc]
+    hash(cfg)  # canonical containers: hashable
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("mode", "greedy"),
+        ("candidates", ()),
+        ("candidates", (2, 1)),
+        ("candidates", (0, 1)),
+        ("candidates", (1, 1)),
+        ("hysteresis", -0.1),
+        ("hysteresis", 1.0),
+        ("hysteresis", float("nan")),
+        ("min_dwell_steps", -1),
+        ("min_dwell_steps", 1.5),
+        ("decay", 0.0),
+        ("decay", 1.5),
+        ("global_decay", 0.0),
+        ("prior_strength", -1.0),
+        ("global_prior_mean", 1.5),
+        ("global_prior_strength", 0.0),
+        ("probe_interval", -3),
+        ("cost_ema", 0.0),
+        ("cost_sync_interval", 0),
+        ("objective", "myopic"),
+        ("explore_margin", 1.0),
+        ("explore_stale_measurements", 0),
+        ("fixed_block", 3),
+        ("fixed_block", 0),
+        ("schedule", {"a": 1}),
+        ("schedule", {1: 3}),
+        ("schedule", {0: 2}),
+        ("schedule", "1:2"),
+    ],
+)
+def test_invalid_field_is_named(field: str, value: object) -> None:
+    with pytest.raises(ValueError) as e:
+        ControllerConfig(**{field: value})
+    assert str(e.value).startswith(f"{field}:"), str(e.value)
+
+
+def test_mode_requirements_name_the_missing_field() -> None:
+    with pytest.raises(ValueError, match=r"^fixed_block:"):
+        ControllerConfig(mode="fixed")
+    with pytest.raises(ValueError, match=r"^schedule:"):
+        ControllerConfig(mode="schedule")
+
+
+def test_from_dict_round_trip_and_json_keys() -> None:
+    d = {"mode": "schedule", "candidates": [1, 2, 4, 8], "schedule": {"1": 8, "16": 4, "64": 1}}
+    cfg = ControllerConfig.from_dict(d)
+    assert cfg.candidates == (1, 2, 4, 8)
+    assert cfg.schedule_map() == {1: 8, 16: 4, 64: 1}
+    again = ControllerConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+
+
+def test_from_dict_unknown_key_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^hysterisis:"):
+        ControllerConfig.from_dict({"hysterisis": 0.1})
+    with pytest.raises(ValueError, match=r"^config:"):
+        ControllerConfig.from_dict([("mode", "fixed")])  # type: ignore[arg-type]
+
+
+def test_max_block_bounds_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^fixed_block:"):
+        ControllerConfig(mode="fixed", fixed_block=16).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^schedule:"):
+        ControllerConfig(mode="schedule", schedule={1: 16}).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^candidates:"):
+        ControllerConfig(candidates=(16,)).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^max_block:"):
+        ControllerConfig().check_against_max_block(0)
+    ControllerConfig().check_against_max_block(8)  # larger candidates are simply unused

@@ -1,0 +1,154 @@
+"""CostModel: monotone completion, EMA learning, two-table (learner/active) contract, export/load."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sglang_ext.controller import CostModel
+from sglang_ext.controller.cost_model import DEFAULT_BUCKETS, isotonic, monotone_table
+
+BLOCKS = (1, 2, 4, 8, 16)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _is_monotone(t: np.ndarray) -> bool:
+    return bool(np.all(np.diff(t, axis=0) >= -1e-15) and np.all(np.diff(t, axis=1) >= -1e-15))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    cells=hnp.arrays(
+        np.float64,
+        (len(BUCKETS), len(BLOCKS)),
+        elements=st.one_of(st.just(np.nan), st.floats(1e-4, 1.0)),
+    ).filter(lambda a: np.isfinite(a).any()),
+    weights=hnp.arrays(np.float64, (len(BUCKETS), len(BLOCKS)), elements=st.floats(0.1, 100.0)),
+)
+def test_completion_is_total_positive_and_monotone(cells: np.ndarray, weights: np.ndarray) -> None:
+    t = monotone_table(cells, BUCKETS, BLOCKS, weights)
+    assert t.shape == cells.shape
+    assert np.isfinite(t).all() and (t > 0).all()
+    assert _is_monotone(t)
+
+
+def test_monotone_input_is_kept_and_holes_interpolated() -> None:
+    base = np.array([[1.0 + 0.1 * i + 0.01 * k for k in range(5)] for i in range(7)])
+    assert np.allclose(monotone_table(base, BUCKETS, BLOCKS), base)
+    holes = base.copy()
+    holes[3, 2] = np.nan  # interior along both axes: linear in batch between buckets 4 and 16
+    holes[6, :] = np.nan  # last bucket: extrapolated
+    t = monotone_table(holes, BUCKETS, BLOCKS)
+    assert _is_monotone(t)
+    assert base[2, 2] <= t[3, 2] <= base[4, 2]
+    assert np.all(t[6] >= t[5])
+
+
+@given(y=hnp.arrays(np.float64, st.integers(1, 12), elements=st.floats(-10, 10)))
+def test_isotonic_is_monotone_and_preserves_weighted_mean(y: np.ndarray) -> None:
+    w = np.linspace(1.0, 2.0, y.size)
+    f = isotonic(y, w)
+    assert np.all(np.diff(f) >= -1e-9)
+    assert abs((f * w).sum() - (y * w).sum()) < 1e-6 * max(1.0, abs(y).sum())
+
+
+def test_one_noisy_cell_does_not_raise_the_whole_row() -> None:
+    seed = np.array([[5.0, 6.0, 6.0, 6.1, 6.5]])
+    seed[0, 1] = 6.6  # noisy: above b=4, 8 and 16
+    t = monotone_table(seed, (8,), BLOCKS, np.array([[1, 1, 1, 1, 50.0]]))
+    assert t[0, 3] < 6.5  # a running max would have made b=8 cost 6.6
+
+
+def test_learner_converges_and_active_changes_only_on_load() -> None:
+    m = CostModel(BUCKETS, BLOCKS, np.full((7, 5), 0.01), ema=0.1)
+    before = m.table
+    for _ in range(200):
+        m.observe(8, 4, 0.02)
+    assert np.array_equal(m.table, before)  # decisions unaffected until load
+    assert m.version == 0
+    t = m.export()
+    assert t["version"] == 1
+    json.dumps(t)  # plain JSON-able
+    m.load(t)
+    assert m.version == 1
+    assert abs(m.row(8)[2] - 0.02) < 1e-3
+    # unmeasured cells of the same bucket are shifted by the bucket's mean residual (+0.01)
+    assert abs(m.row(8)[3] - 0.02) < 1e-3
+    # monotone across batch: bucket 16 not below bucket 8
+    assert np.all(m.row(16) >= m.row(8))
+
+
+def test_first_measurement_dominates_an_unseeded_cell_and_seed_weight_blends() -> None:
+    seed = np.full((7, 5), np.nan)
+    seed[:, 0] = 0.005
+    m = CostModel(BUCKETS, BLOCKS, seed)
+    m.observe(4, 8, 0.03)
+    t = m.resolve()
+    assert abs(t[2, 3] - 0.03) < 1e-12
+    m.observe(4, 1, 0.011)  # seeded cell: blend with seed weight 2 -> 0.005 + (0.006)/3
+    t = m.resolve()
+    assert abs(t[2, 0] - 0.007) < 1e-9
+    # the residual (+0.002) shifts the unmeasured seeds of the other buckets too (flat beyond measured ones)
+    assert np.allclose(t[:, 0], 0.007)
+
+
+def test_rows_and_buckets() -> None:
+    m = CostModel(BUCKETS, BLOCKS, np.array([[0.001 * (i + 1) * (k + 1) for k in range(5)] for i in range(7)]))
+    assert np.array_equal(m.row(3), m.row(4))  # pads up to the next bucket
+    far = m.row(128)
+    assert np.all(far >= m.row(64)) and np.all(np.diff(far) >= 0)
+    assert m.bucket_index(65) == len(BUCKETS)
+    m.observe(1000, 1, 0.5)
+    assert m.dropped_measurements == 1
+
+
+def test_load_validation_names_the_field() -> None:
+    m = CostModel.default(BLOCKS)
+    good = m.export()
+    with pytest.raises(ValueError, match=r"^block_sizes:"):
+        m.load({**good, "block_sizes": [1, 2]})
+    with pytest.raises(ValueError, match=r"^batch_buckets:"):
+        m.load({**good, "batch_buckets": [1]})
+    bad = [row[:] for row in good["seconds"]]
+    bad[0][0] = -1.0
+    with pytest.raises(ValueError, match=r"^seconds:"):
+        m.load({**good, "seconds": bad})
+    with pytest.raises(ValueError, match=r"^version:"):
+        m.load({**good, "version": "x"})
+    with pytest.raises(ValueError, match=r"^block_size:"):
+        m.observe(8, 3, 0.01)
+    with pytest.raises(ValueError, match=r"^seconds:"):
+        m.observe(8, 4, float("nan"))
+
+
+def test_from_profile_measured_table_and_roofline() -> None:
+    table = {"batch_buckets": [1, 8, 64], "block_sizes": [1, 4, 16], "seconds": [[1, 2, 3], [2, 3, 4], [5, 6, 9]]}
+    m = CostModel.from_profile(table, BLOCKS)
+    assert m.batch_buckets == (1, 8, 64) and m.block_sizes == BLOCKS
+    assert _is_monotone(m.table) and m.table[0, 0] == 1 and m.table[2, 4] == 9
+    assert m.table[0, 0] <= m.table[0, 1] <= m.table[0, 2]  # b=2 interpolated between 1 and 4
+    r = CostModel.from_profile(table, BLOCKS, batch_buckets=(1, 4, 64))
+    assert r.batch_buckets == (1, 4, 64)
+    d = CostModel.default(BLOCKS)
+    assert d.batch_buckets == DEFAULT_BUCKETS and _is_monotone(d.table)
+    with pytest.raises(ValueError, match=r"^seconds:"):
+        CostModel.from_profile({**table, "seconds": [[1]]}, BLOCKS)
+    with pytest.raises(ValueError, match=r"^hardware"):
+        CostModel.from_profile({"target": {}}, BLOCKS)
+
+
+def test_evidence_travels_with_the_table() -> None:
+    a = CostModel.default(BLOCKS)
+    b = CostModel.default(BLOCKS)
+    for _ in range(5):
+        a.observe(8, 4, 0.01)
+    a.observe(8, 2, 0.01)
+    b.load(json.loads(json.dumps(a.export())))
+    counts, age = b.active_evidence(8)
+    assert counts.tolist() == [0, 1, 5, 0, 0]
+    assert age[1] == 0 and age[2] == 1 and age[0] > 10**12

@@ -1,0 +1,295 @@
+"""BlockSizeController: modes, hysteresis/dwell, probes, TP determinism, slot reuse, input validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_ext.controller import BlockSizeController, ControllerConfig, CostModel, Decision
+
+BLOCKS = (1, 2, 4, 8, 16)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+J = 15
+
+
+def flat_cost(per_block: dict[int, float] | None = None, measured: bool = True) -> CostModel:
+    """Step time independent of batch size; per-block values (default: all 10 ms); a profiled seed by default."""
+    per_block = per_block or {}
+    row = [per_block.get(b, 0.01) for b in BLOCKS]
+    return CostModel(BUCKETS, BLOCKS, np.array([row] * len(BUCKETS)), seed_measured=measured)
+
+
+def feed(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, full_draft: bool = True) -> None:
+    """One step where request i's draft matches its first runs[i] tokens (tokens are unique per step)."""
+    base = ctrl.steps_observed * 1000
+    drafted = np.zeros((len(ids), J), dtype=np.int64)
+    committed = []
+    acc = np.minimum(runs, b - 1)
+    for i, (r, k) in enumerate(zip(runs, acc)):
+        truth = base + 100 * i + np.arange(J + 1)
+        drafted[i] = truth[:J]
+        drafted[i, r:] += 50_000
+        committed.append(truth[: k + 1].tolist())
+    ctrl.observe_step(ids, b, acc, drafted if full_draft else None, committed)
+
+
+@settings(max_examples=30, deadline=None)
+@given(fixed=st.sampled_from(BLOCKS), sizes=st.lists(st.integers(0, 200), min_size=1, max_size=30))
+def test_fixed_mode_is_exact(fixed: int, sizes: list[int]) -> None:
+    cfg = ControllerConfig(mode="fixed", fixed_block=fixed)
+    ctrl = BlockSizeController(cfg, CostModel.default(BLOCKS))
+    for n in sizes:
+        d = ctrl.decide(list(range(n)))
+        assert d.block_size == fixed
+        assert d.draft_full == (fixed > 1 and n > 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=30))
+def test_schedule_mode_uses_nearest_lower_key(sizes: list[int]) -> None:
+    sched = {4: 8, 16: 4, 48: 2, 128: 1}
+    ctrl = BlockSizeController(ControllerConfig(mode="schedule", schedule=sched), CostModel.default(BLOCKS))
+    for n in sizes:
+        lower = [k for k in sched if k <= n]
+        expected = sched[max(lower)] if lower else sched[min(sched)]
+        assert ctrl.decide(list(range(n))).block_size == expected
+
+
+def test_adaptive_extremes() -> None:
+    # near-perfect drafts and a flat cost -> the largest block; hopeless drafts and a steep cost -> b = 1
+    good = BlockSizeController(ControllerConfig(), flat_cost())
+    for _ in range(30):
+        feed(good, ["a", "b"], np.array([J, J]), 16)
+    assert good.decide(["a", "b"]).block_size == 16
+    bad = BlockSizeController(ControllerConfig(), flat_cost({1: 0.01, 2: 0.013, 4: 0.015, 8: 0.02, 16: 0.03}))
+    for _ in range(30):
+        feed(bad, ["a", "b"], np.array([0, 0]), 16)
+    d = bad.decide(["a", "b"])
+    assert d.block_size == 1 and isinstance(d, Decision)
+    assert abs(d.predicted_goodput - 2 / 0.01) < 1e-6 and abs(d.expected_tokens - 1.0) < 1e-12
+
+
+def _table(t2: float) -> dict:
+    """A cost table (as rank 0 would broadcast) with b=1 at 10 ms and b=2 at ``t2``."""
+    row = [0.01, t2, max(t2, 0.05), 0.06, 0.07]
+    return {"version": 1, "batch_buckets": list(BUCKETS), "block_sizes": list(BLOCKS), "seconds": [row] * 7}
+
+
+def _one_token_drafts(**cfg: object) -> BlockSizeController:
+    """p_1 ~= 1, p_j ~= 0 beyond: E(1) = 1, E(b >= 2) ~= 2 for every request."""
+    ctrl = BlockSizeController(
+        ControllerConfig(explore_margin=0.0, decay=1.0, global_decay=1.0, **cfg),  # type: ignore[arg-type]
+        flat_cost({1: 0.01, 2: 0.03, 4: 0.05, 8: 0.06, 16: 0.07}),
+    )
+    for _ in range(500):
+        feed(ctrl, ["a", "b"], np.array([1, 1]), 16)
+    return ctrl
+
+
+@pytest.mark.parametrize("gain,switch", [(0.02, False), (0.045, False), (0.06, True), (0.10, True)])
+def test_hysteresis_holds_within_margin_and_switches_beyond(gain: float, switch: bool) -> None:
+    ctrl = _one_token_drafts(hysteresis=0.05, min_dwell_steps=0)
+    ids = ["a", "b"]
+    assert ctrl.decide(ids).block_size == 1
+    e2 = ctrl.expected_tokens(ids)[:, 1].mean()
+    ctrl.cost_model.load(_table(0.02 * e2 / 2.0 / (1.0 + gain)))  # b=2 now predicts exactly `gain` more
+    good, _ = ctrl.goodput(ids)
+    assert abs(good[1] / good[0] - 1.0 - gain) < 1e-6
+    blocks = {ctrl.decide(ids).block_size for _ in range(20)}
+    assert blocks == ({2} if switch else {1})
+
+
+def test_min_dwell_blocks_flapping() -> None:
+    ctrl = _one_token_drafts(hysteresis=0.0, min_dwell_steps=5)
+    ids = ["a", "b"]
+    assert ctrl.decide(ids).block_size == 1  # decision 1
+    ctrl.cost_model.load(_table(0.012))  # b=2 clearly better from now on
+    seq = [ctrl.decide(ids).block_size for _ in range(6)]
+    assert seq == [1, 1, 1, 1, 2, 2]  # decisions 2-5 dwell on b=1, the 6th may switch
+    ctrl.cost_model.load({**_table(0.03), "version": 2})  # and back: b=1 better again
+    seq = [ctrl.decide(ids).block_size for _ in range(6)]
+    assert seq == [2, 2, 2, 1, 1, 1]  # 5 decisions on b=2 (2 above + 3 here) before switching back
+    assert ctrl.switches == 2
+
+
+def test_probe_schedule_at_b1() -> None:
+    cfg = ControllerConfig(mode="adaptive", probe_interval=4, explore_margin=0.0)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.001, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}))
+    flags = [ctrl.decide(["a"]).draft_full for _ in range(12)]
+    assert all(ctrl.decide(["a"]).block_size == 1 for _ in range(2))
+    assert flags == [False, False, False, True] * 3
+    off = BlockSizeController(ControllerConfig(probe_interval=0), flat_cost({1: 0.001, 2: 1, 4: 1, 8: 1, 16: 1}))
+    assert not any(off.decide(["a"]).draft_full for _ in range(100))
+    wide = BlockSizeController(ControllerConfig(), flat_cost())
+    assert all(wide.decide(["a"]).draft_full for _ in range(10))  # b > 1 always drafts the full block
+
+
+def test_observe_step_time_is_rank0_only_and_needs_sync() -> None:
+    r1 = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), is_rank0=False)
+    with pytest.raises(RuntimeError):
+        r1.observe_step_time(8, 4, 0.01)
+    with pytest.raises(RuntimeError):
+        r1.sync_cost_table()
+    r0 = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), is_rank0=True)
+    before = r0.cost_model.table
+    for _ in range(50):
+        r0.observe_step_time(8, 4, 1.0)
+    assert np.array_equal(r0.cost_model.table, before)
+    r0.observe_step_time(8, 1, 5.0, draft_full=True)  # a b=1 probe step is not a b=1 cost sample
+    assert r0.skipped_probe_timings == 1
+    assert r0.sync_cost_table() == 1
+    assert r0.cost_model.row(8)[2] > 0.5
+
+
+def test_tensor_parallel_ranks_decide_identically() -> None:
+    """Rank 0 measures noisy times and broadcasts; rank 1 only loads. Every decision must agree."""
+    rng = np.random.default_rng(7)
+    cfg = ControllerConfig(cost_sync_interval=4)
+    ranks = [BlockSizeController(cfg, CostModel.default(BLOCKS), is_rank0=(r == 0)) for r in range(2)]
+    box: list = []
+
+    def broadcast_for(rank: int):
+        def bc(obj):
+            if rank == 0:
+                box.append(obj)
+                return obj
+            return box[-1]
+
+        return bc
+
+    live = [f"r{i}" for i in range(5)]
+    next_id = 5
+    for step in range(300):
+        decisions = [c.decide(live) for c in ranks]
+        assert decisions[0] == decisions[1], step
+        b = decisions[0].block_size
+        runs = rng.integers(0, J + 1, len(live))
+        for c in ranks:
+            feed(c, live, runs, b, full_draft=decisions[0].draft_full)
+        ranks[0].observe_step_time(len(live), b, float(rng.uniform(0.005, 0.05)), draft_full=decisions[0].draft_full)
+        assert ranks[0].cost_sync_due == ranks[1].cost_sync_due
+        if ranks[0].cost_sync_due:
+            for r, c in enumerate(ranks):
+                c.sync_cost_table(broadcast_for(r))
+        if rng.random() < 0.2:  # a request finishes, another joins; batch size varies
+            gone = live.pop(int(rng.integers(len(live))))
+            for c in ranks:
+                c.finish(gone)
+            for _ in range(int(rng.integers(0, 3))):
+                live.append(f"r{next_id}")
+                next_id += 1
+            if not live:
+                live.append(f"r{next_id}")
+                next_id += 1
+    assert ranks[0].cost_model.version == ranks[1].cost_model.version > 0
+
+
+def test_state_freed_no_growth_over_100k_requests() -> None:
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
+    batch, churn = 32, 8
+    live = list(range(batch))
+    next_id = batch
+    acc = np.full(batch, 3)
+    committed = [[5, 6, 7, 8]] * batch
+    drafted = np.tile(np.arange(5, 5 + J), (batch, 1))  # matches the 4 committed tokens: stays pending
+    while next_id < 100_000:
+        ctrl.decide(live)
+        ctrl.observe_step(live, 4, acc, drafted, committed)
+        for i in range(churn):  # `churn` requests finish (with open hindsight blocks) and are replaced
+            ctrl.finish(live[i])
+            live[i] = next_id
+            next_id += 1
+        live = live[churn:] + live[:churn]
+    for rid in live:
+        ctrl.finish(rid)
+    assert ctrl.live_requests == 0
+    assert ctrl.slots.capacity <= 64  # never grew beyond the initial capacity for 32 live requests
+    assert ctrl.stats.capacity == ctrl.slots.capacity
+    assert ctrl.hindsight is not None and ctrl.hindsight.capacity == ctrl.slots.capacity
+    assert not ctrl.hindsight.pend_valid.any()
+    assert len(ctrl._explored) <= len(BUCKETS) * len(BLOCKS)
+    assert ctrl.stats.n_g[:4].min() > 0  # the flushed blocks reached the global counts
+
+
+def test_capacity_grows_and_unknown_ids_use_the_global_estimate() -> None:
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), initial_capacity=4)
+    ids = list(range(40))
+    feed(ctrl, ids, np.full(40, J), 16)
+    assert ctrl.slots.capacity >= 41 and ctrl.live_requests == 40
+    e_new = ctrl.expected_tokens(["never-seen"])
+    assert e_new.shape == (1, len(BLOCKS))
+    assert ctrl.live_requests == 40  # decide/expected_tokens do not allocate
+
+
+def test_observe_step_validation() -> None:
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
+    ok_draft = np.zeros((2, J), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^accepted:"):
+        ctrl.observe_step(["a", "b"], 4, np.array([0, 4]), ok_draft, [[1], [1, 2, 3, 4, 5]])
+    with pytest.raises(ValueError, match=r"^accepted:"):
+        ctrl.observe_step(["a", "b"], 4, np.array([0]), ok_draft, [[1]])
+    with pytest.raises(ValueError, match=r"^committed:"):
+        ctrl.observe_step(["a", "b"], 4, np.array([0, 1]), ok_draft, [[1], [1]])
+    with pytest.raises(ValueError, match=r"^drafted:"):
+        ctrl.observe_step(["a", "b"], 4, np.array([0, 1]), np.zeros((2, 3)), [[1], [1, 2]])
+    with pytest.raises(ValueError, match=r"^request_ids:"):
+        ctrl.observe_step(["a", "a"], 4, np.array([0, 1]), ok_draft, [[1], [1, 2]])
+    with pytest.raises(ValueError, match=r"^block_size:"):
+        ctrl.observe_step(["a"], 17, np.array([0]), None, [[1]])
+    ctrl.observe_step([], 4, np.zeros(0, dtype=int), None, [])
+    assert ctrl.decide([]).block_size in BLOCKS
+
+
+def test_candidates_bounded_by_max_block_and_cost_columns() -> None:
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), max_block=8)
+    assert ctrl.candidates == (1, 2, 4, 8)
+    assert ctrl.acceptance_probabilities().shape == (7,)
+    with pytest.raises(ValueError, match=r"^candidates:"):
+        BlockSizeController(ControllerConfig(candidates=(1, 3)), CostModel.default(BLOCKS))
+
+
+def test_exploration_tries_an_unmeasured_near_best_block_once() -> None:
+    cfg = ControllerConfig(min_dwell_steps=2, explore_margin=0.2, cost_sync_interval=1)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.01, 2: 0.0105, 4: 0.011, 8: 0.05, 16: 0.1}))
+    ids = ["a"]
+    for _ in range(50):
+        feed(ctrl, ids, np.array([0]), 16)  # drafts never accepted: E(b) ~= 1 for every b
+    seen = []
+    for _ in range(60):
+        d = ctrl.decide(ids)
+        seen.append(d.block_size)
+        feed(ctrl, ids, np.array([0]), d.block_size, full_draft=d.draft_full)
+        ctrl.observe_step_time(1, d.block_size, {1: 0.01, 2: 0.0105, 4: 0.011, 8: 0.05, 16: 0.1}[d.block_size],
+                               draft_full=d.draft_full)
+        if ctrl.cost_sync_due:
+            ctrl.sync_cost_table()
+    assert seen[0] == 1
+    assert 2 in seen and 4 in seen  # within 20 % of b=1 and never measured: tried once each
+    assert 8 not in seen and 16 not in seen  # far worse: never tried
+    assert ctrl.explorations >= 1
+    assert seen[-10:] == [1] * 10  # measured, worse: back to b = 1 and stays
+
+
+def test_modelled_seed_measures_every_cell_once() -> None:
+    """With a guessed (flat) seed every block of the bucket in use is tried once; then the measured best wins."""
+    true_t = {1: 0.009, 2: 0.0135, 4: 0.0147, 8: 0.021, 16: 0.035}
+    cfg = ControllerConfig(min_dwell_steps=2, cost_sync_interval=1)
+    ctrl = BlockSizeController(cfg, flat_cost({b: 0.005 for b in BLOCKS}, measured=False))
+    ids = [f"r{i}" for i in range(64)]
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(120):
+        d = ctrl.decide(ids)
+        seen.append(d.block_size)
+        ok = rng.random((64, J)) < 0.9
+        runs = np.where(ok.all(axis=1), J, np.argmin(ok, axis=1))
+        feed(ctrl, ids, runs, d.block_size, full_draft=d.draft_full)
+        ctrl.observe_step_time(64, d.block_size, true_t[d.block_size], draft_full=d.draft_full)
+        if ctrl.cost_sync_due:
+            ctrl.sync_cost_table()
+    assert seen[0] == 16  # flat guess: the widest block looks free
+    assert set(seen) == set(BLOCKS)  # every cell measured once
+    good = {b: 64 * (1 + sum(0.9 ** j for j in range(1, b))) / t for b, t in true_t.items()}
+    assert seen[-1] == max(good, key=good.get) == 8
