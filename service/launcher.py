@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from service import preflight, sglang_args
+from sglang_ext import serve_entry
 from service.config import ConfigError, Device, ServeConfig
 
 CPU_ENV_VAR = "DFLASH_SERVE_CPU"  # read by sglang_ext's .pth startup hook (sglang_ext/cpu)
@@ -28,17 +28,12 @@ class LaunchPlan:
     report: preflight.PreflightReport
 
     def printable(self) -> str:
-        shown = list(self.argv)
-        if "--api-key" in shown:
-            shown[shown.index("--api-key") + 1] = "***"
-        return shlex.join(shown)
+        return shlex.join(self.argv)
 
 
 def _sglang_command() -> list[str]:
-    script = Path(sys.executable).with_name("sglang")
-    if script.is_file():
-        return [str(script)]
-    return [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"]
+    # = `sglang serve`, but the API key comes from the environment, never the command line.
+    return [sys.executable, "-m", "sglang_ext.serve_entry"]
 
 
 def activate_cpu_layer_here() -> None:
@@ -88,9 +83,12 @@ def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPla
         if config.server.device is Device.cpu:
             activate_cpu_layer_here()
         sglang_args.validate_passthrough(config)
-    args = sglang_args.build_args(config, api_key=api_key, block_size=report.block_size)
+    args = sglang_args.build_args(config, block_size=report.block_size)
     argv = _sglang_command() + ["serve"] + sglang_args.to_argv(args)
-    return LaunchPlan(argv=argv, env=server_env(config), report=report)
+    env = server_env(config)
+    if api_key:
+        env[serve_entry.KEY_ENV] = api_key
+    return LaunchPlan(argv=argv, env=env, report=report)
 
 
 def run(launch: LaunchPlan, config: ServeConfig) -> int:

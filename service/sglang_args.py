@@ -59,13 +59,14 @@ def to_argv(items: dict[str, Any]) -> list[str]:
     return argv
 
 
-def build_args(config: ServeConfig, api_key: str | None = None, block_size: int | None = None) -> dict[str, Any]:
-    """All server arguments by dest name, in a stable order. `api_key` comes from the environment."""
+def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, Any]:
+    """All server arguments by dest name, in a stable order. The API key is not among them: it travels
+    by environment (sglang_ext/serve_entry.py) so it never appears on a command line."""
     m, s, sp = config.model, config.server, config.speculative
     args: dict[str, Any] = {
         "model_path": m.path, "tokenizer_path": m.tokenizer, "dtype": m.dtype,
         "served_model_name": m.served_name, "context_length": m.context_length,
-        "host": s.host, "port": s.port, "device": s.device.value, "api_key": api_key,
+        "host": s.host, "port": s.port, "device": s.device.value,
         "enable_metrics": s.metrics, "max_total_tokens": s.max_total_tokens,
         "max_running_requests": s.max_running_requests,
     }

@@ -17,7 +17,9 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_ext import cpu
+    from sglang_ext import cpu, redaction
+
+    redaction.install()
 
     if cpu.is_active():
         from sglang_ext.cpu import patches
