@@ -1,0 +1,265 @@
+"""Locust user for dflash-serve: streaming OpenAI chat completions, timed from the SSE stream.
+
+    locust -f loadtest/chat.py --host http://127.0.0.1:30000                       # web UI on :8089
+    locust -f loadtest/chat.py --host http://127.0.0.1:30000 --headless -u 8 -r 8 -t 60s --csv out/run
+
+Each request streams (`stream_options.include_usage`) and reports, besides the request itself, custom
+"METRIC" entries in Locust's stats, CSV and web UI (response time column = the value):
+  ttft           ms to the first non-empty content delta
+  itl            ms between consecutive content chunks (one entry per gap; a speculative step may emit
+                 several tokens in one chunk, so this is per chunk -- see tpot for per token)
+  tpot           ms per output token after the first: (e2e - ttft) / (output_tokens - 1)
+  e2e            ms from sending the request to `data: [DONE]`
+  output_tokens  completion tokens from the final usage chunk (the value is a count, not ms)
+A request fails on a non-200 status, malformed SSE, a missing `[DONE]`, a missing usage chunk or empty output.
+The run exits non-zero when failures / requests exceeds --max-failure-ratio.
+
+Options (besides Locust's own -u, -r, -t, --headless, --csv, ...; `locust --help` cannot list them because it
+answers before loading this file -- the web UI shows them): --model (default: ask /v1/models), --max-tokens 128,
+--temperature 0, --ignore-eos, --think-time 0 (closed loop), --dataset FILE.jsonl (default: the bundled
+loadtest/prompts/mix.jsonl), --max-failure-ratio 0.01, --api-key (or LOCUST_API_KEY), --requests N (stop
+after N requests), --summary-file FILE.json. See loadtest/README.md.
+
+Locust always runs in its own process: it monkey-patches everything with gevent, which breaks SGLang.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+# Locust imports this file by path; make `loadtest.*` importable from any working directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gevent  # noqa: E402
+import requests  # noqa: E402
+from locust import HttpUser, events, task  # noqa: E402
+from locust.exception import StopUser  # noqa: E402
+
+from loadtest.dataset import BUNDLED, DatasetError, load_prompts  # noqa: E402
+from loadtest.sse import ChatStreamParser, StreamError  # noqa: E402
+from loadtest.summary import RunRecorder  # noqa: E402
+
+METRIC = "METRIC"
+# After a failure a closed-loop user would hammer a dead server with thousands of refused connections a
+# second, flooding the stats and burning the CPU the server needs; pause briefly instead.
+FAILURE_BACKOFF_S = 0.5
+
+log = logging.getLogger("loadtest.chat")
+PROMPTS: list[list[dict]] = []
+RECORDER = RunRecorder()
+_MODELS: dict[str, str] = {}      # host -> model listed by /v1/models
+_BUDGET = {"sent": 0, "done": 0}  # chat requests of this test, for --requests
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser) -> None:
+    # on the parser itself: Locust's web-UI extras (is_secret, include_in_web_ui) do not exist on groups
+    parser.add_argument("--model", default="", help="model name to request (default: the first of /v1/models)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--ignore-eos", action="store_true", default=False,
+                        help="generate exactly --max-tokens tokens per request (SGLang's ignore_eos)")
+    parser.add_argument("--think-time", type=float, default=0.0,
+                        help="seconds a user waits between its requests (default 0: closed loop)")
+    parser.add_argument("--dataset", default="",
+                        help=f"JSONL prompts, OpenAI {{'messages': ...}} or ShareGPT {{'conversations': ...}} "
+                             f"(default: {BUNDLED.relative_to(BUNDLED.parents[2])})")
+    parser.add_argument("--max-failure-ratio", type=float, default=0.01,
+                        help="exit non-zero when failed/all requests exceeds this (default 0.01)")
+    parser.add_argument("--api-key", default="", is_secret=True, help="bearer token (env LOCUST_API_KEY)")
+    parser.add_argument("--requests", type=int, default=0,
+                        help="stop after this many chat requests, failed ones included (default 0: no limit)")
+    parser.add_argument("--summary-file", default="", include_in_web_ui=False,
+                        help="write exact percentiles and steady-state throughput as JSON here on exit")
+
+
+@events.init.add_listener
+def _init(environment, **_kw) -> None:
+    opts = environment.parsed_options
+    if opts is None:            # used as a library (locust.env.Environment) without a command line
+        return
+    problems = [msg for bad, msg in (
+        (opts.max_tokens < 1, "--max-tokens must be >= 1"),
+        (opts.temperature < 0, "--temperature must be >= 0"),
+        (opts.think_time < 0, "--think-time must be >= 0 seconds"),
+        (opts.requests < 0, "--requests must be >= 0"),
+        (not 0 <= opts.max_failure_ratio <= 1, "--max-failure-ratio must be between 0 and 1"),
+    ) if bad]
+    if problems:
+        _usage_error("; ".join(problems))
+    try:
+        PROMPTS[:] = load_prompts(opts.dataset or None)
+    except DatasetError as e:
+        _usage_error(f"--dataset {e}")
+
+
+def _usage_error(msg: str) -> None:
+    # SystemExit, not an exception: Locust logs exceptions from event handlers and carries on
+    print(f"loadtest/chat.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+@events.test_start.add_listener
+def _test_start(**_kw) -> None:
+    RECORDER.reset(time.perf_counter())
+    _BUDGET.update(sent=0, done=0)
+
+
+@events.reset_stats.add_listener
+def _reset_stats(**_kw) -> None:
+    RECORDER.reset(time.perf_counter())
+
+
+@events.test_stop.add_listener
+def _test_stop(**_kw) -> None:
+    RECORDER.stopped_at = time.perf_counter()
+
+
+def report_metric(name: str, value: float, length: int = 0) -> None:
+    """One sample of a custom metric as a Locust "request" (request_type METRIC), as fw-ai/benchmark does."""
+    events.request.fire(request_type=METRIC, name=name, response_time=value, response_length=length,
+                        exception=None, context=None)
+
+
+class ChatUser(HttpUser):
+    """One user in a closed loop: pick a prompt, stream the answer, repeat after --think-time."""
+
+    def wait_time(self) -> float:
+        return self.environment.parsed_options.think_time
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+
+    @task
+    def chat(self) -> None:
+        limit = self.environment.parsed_options.requests
+        if limit and _BUDGET["sent"] >= limit:
+            raise StopUser()                  # the others finish the requests still running
+        if not self._stream_one():
+            time.sleep(FAILURE_BACKOFF_S)     # gevent-patched: yields to the other users
+
+    def _model(self) -> str | None:
+        opts = self.environment.parsed_options
+        if opts.model:
+            return opts.model
+        if self.host in _MODELS:
+            return _MODELS[self.host]
+        with self.client.get("/v1/models", headers=self.headers, catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(_http_error(r) + " (--model skips this lookup)")
+                return None
+            try:
+                ids = [m["id"] for m in r.json()["data"]]
+            except (ValueError, KeyError, TypeError):
+                r.failure(f"/v1/models is not an OpenAI model list: {r.text[:200]!r}; pass --model")
+                return None
+            if not ids:
+                r.failure("/v1/models lists no model; pass --model")
+                return None
+            r.success()
+        _MODELS[self.host] = ids[0]
+        return ids[0]
+
+    def _stream_one(self) -> bool:
+        opts = self.environment.parsed_options
+        model = self._model()
+        if model is None:
+            return False
+        body = {"model": model, "messages": random.choice(PROMPTS), "max_tokens": opts.max_tokens,
+                "temperature": opts.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        if opts.ignore_eos:
+            body["ignore_eos"] = True
+        _BUDGET["sent"] += 1
+        try:
+            return self._send(body)
+        finally:
+            _BUDGET["done"] += 1
+            if _BUDGET["done"] == opts.requests:
+                # from another greenlet: stopping the runner kills this one
+                runner = self.environment.runner
+                gevent.spawn(runner.quit if opts.headless else runner.stop)
+
+    def _send(self, body: dict) -> bool:
+        start = time.perf_counter()
+        with self.client.post("/v1/chat/completions", json=body, headers=self.headers, stream=True,
+                              catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(_http_error(r))
+                return False
+            parser = ChatStreamParser(start)
+            try:
+                for line in r.iter_lines():
+                    parser.feed(line, time.perf_counter())
+                timings = parser.finish(time.perf_counter())
+            except StreamError as e:
+                r.failure(str(e))
+                return False
+            except requests.RequestException as e:   # connection dropped mid-stream
+                r.failure(f"stream broken after {time.perf_counter() - start:.1f}s: {e}")
+                return False
+            # Locust timed the request up to its headers; the user waits for the whole answer
+            r.request_meta["response_time"] = timings.e2e * 1e3
+            r.request_meta["response_length"] = len(timings.text)
+            r.success()
+        RECORDER.record(id(self), time.perf_counter(), timings)
+        report_metric("ttft", timings.ttft * 1e3)
+        for gap in timings.itl:
+            report_metric("itl", gap * 1e3)
+        if timings.tpot is not None:
+            report_metric("tpot", timings.tpot * 1e3)
+        report_metric("e2e", timings.e2e * 1e3)
+        report_metric("output_tokens", timings.output_tokens)
+        return True
+
+
+def _http_error(r) -> str:
+    """Failure text; Locust prefixes it with the method and name, and groups identical texts."""
+    if r.status_code == 0:          # Locust's stand-in response for a connection error
+        return f"no response: {r.error}"
+    try:
+        detail = r.text[:300]
+    except Exception:  # noqa: BLE001 -- a broken body must not hide the status
+        detail = "<unreadable body>"
+    return f"HTTP {r.status_code}: {detail}"
+
+
+@events.quitting.add_listener
+def _quitting(environment, **_kw) -> None:
+    """Exit status from the failure ratio of real requests (METRIC entries are samples, not requests)."""
+    opts = environment.parsed_options
+    entries = [e for e in environment.stats.entries.values() if e.method != METRIC]
+    n = sum(e.num_requests for e in entries)
+    failed = sum(e.num_failures for e in entries)
+    exceptions = len(environment.runner.exceptions) if environment.runner else 0
+    end = RECORDER.stopped_at or time.perf_counter()
+    if opts.summary_file:
+        users = environment.runner.target_user_count if environment.runner else None
+        summary = RECORDER.summary(end, n, failed, host=environment.host, model=opts.model or _MODELS.get(
+            environment.host or ""), users=users, max_tokens=opts.max_tokens, temperature=opts.temperature,
+            ignore_eos=opts.ignore_eos, think_time_s=opts.think_time, dataset=opts.dataset or str(BUNDLED))
+        Path(opts.summary_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
+    if n == 0:
+        if opts.headless:
+            log.error("no request completed: lengthen -t or lower --max-tokens (is the server at %s up?)",
+                      environment.host)
+            environment.process_exit_code = 1
+        return                      # web UI closed without a test: Locust's default status
+    ratio = failed / n
+    verdict = "exceeds" if ratio > opts.max_failure_ratio else "within"
+    log.log(logging.ERROR if verdict == "exceeds" else logging.INFO,
+            "failure ratio %.2f%% (%d of %d requests) %s --max-failure-ratio %.2f%%",
+            100 * ratio, failed, n, verdict, 100 * opts.max_failure_ratio)
+    if ratio > opts.max_failure_ratio:
+        environment.process_exit_code = opts.exit_code_on_error
+    elif exceptions:
+        log.error("%d exception(s) in the user code (see the exceptions table): a bug, not a load result",
+                  exceptions)
+        environment.process_exit_code = opts.exit_code_on_error
+    else:
+        environment.process_exit_code = 0

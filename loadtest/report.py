@@ -1,0 +1,211 @@
+"""Sweep outputs: results.json (source of truth), results.csv, report.md and PNG plots."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+RESULTS = "results.json"
+CSV_COLUMNS = ("config", "users", "ok", "requests", "failures", "failure_ratio", "completed", "output_tok_s",
+               "speedup", "window", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+               "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "output_tokens_mean", "accept_length",
+               "block_size_shares", "server_ttft_mean_ms", "server_itl_mean_ms", "error")
+
+
+def write_results(out: Path, meta: dict, points: list[dict]) -> Path:
+    path = out / RESULTS
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"meta": meta, "points": points}, indent=1) + "\n")
+    tmp.replace(path)          # atomic: an interrupted sweep never leaves half a file
+    return path
+
+
+def load_results(out: Path) -> tuple[dict, list[dict]]:
+    path = out / RESULTS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run the sweep first (python -m loadtest.sweep --out {out})")
+    doc = json.loads(path.read_text())
+    return doc["meta"], doc["points"]
+
+
+def measured(points: list[dict]) -> list[dict]:
+    """Points that produced numbers, with `speedup` over the baseline at the same user count."""
+    return [p for p in points if p.get("ok") and p.get("users") is not None]
+
+
+def add_speedup(points: list[dict], baseline: str | None) -> None:
+    base = {p["users"]: p["output_tok_s"] for p in measured(points) if p["config"] == baseline}
+    for p in measured(points):
+        b = base.get(p["users"])
+        p["speedup"] = p["output_tok_s"] / b if b else None
+
+
+def _get(p: dict, metric: str, stat: str) -> float | None:
+    return (p.get(metric) or {}).get(stat)
+
+
+def row(p: dict) -> dict:
+    server = p.get("server") or {}
+    return {
+        "config": p["config"], "users": p.get("users"), "ok": p.get("ok"), "requests": p.get("requests"),
+        "failures": p.get("failures"), "failure_ratio": p.get("failure_ratio"), "completed": p.get("completed"),
+        "output_tok_s": p.get("output_tok_s"), "speedup": p.get("speedup"), "window": p.get("window"),
+        "req_s": p.get("req_s"),
+        **{f"{m}_{q}_ms": _get(p, m, q) for m in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p99")},
+        "output_tokens_mean": _get(p, "output_tokens", "mean"), "accept_length": server.get("accept_length"),
+        "block_size_shares": json.dumps(server["block_size_shares"]) if server.get("block_size_shares") else "",
+        "server_ttft_mean_ms": server.get("ttft_mean_ms"), "server_itl_mean_ms": server.get("itl_mean_ms"),
+        "error": p.get("error", ""),
+    }
+
+
+def write_csv(out: Path, points: list[dict]) -> Path:
+    path = out / "results.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for p in points:
+            w.writerow({k: ("" if v is None else v) for k, v in row(p).items()})
+    return path
+
+
+def _num(v: float | None, fmt: str = ".1f") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _shares(shares: dict | None) -> str:
+    return " ".join(f"{b}:{s:.0%}" for b, s in shares.items()) if shares else ""
+
+
+def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
+    baseline = meta.get("baseline")
+    ok = measured(points)
+    load = (f"{meta['duration_s']} s per point" if meta.get("duration_s")
+            else f"{meta.get('requests')} requests per point")
+    lines = [
+        "# DFlash serving sweep",
+        "",
+        f"{meta.get('started', '?')} → {meta.get('finished', 'unfinished')}, {meta.get('cpu_count')} CPUs. "
+        f"Locust closed loop (`loadtest/chat.py`, streaming chat completions), {load} after "
+        f"{meta.get('warmup')} warm-up requests; max_tokens {meta.get('max_tokens')}, temperature "
+        f"{meta.get('temperature')}{', ignore_eos' if meta.get('ignore_eos') else ''}, prompts: {meta.get('dataset')}.",
+        "",
+        "- **output tok/s**: output tokens of the requests completed in the steady-state window (from the moment "
+        "every user has finished one request to the end) per second; `*` = window too short, measured from the start "
+        "to the last completion instead.",
+        f"- **speedup**: output tok/s over `{baseline}`'s at the same number of users.",
+        "- **TTFT / ITL / TPOT** (ms): exact percentiles over all completed requests, measured by the client; ITL "
+        "is the gap between streamed chunks (a speculative step can emit several tokens in one chunk), TPOT the "
+        "time per output token after the first.",
+        "- **accept**: mean tokens per verify step, from the server's `sglang:generation_tokens_total` / "
+        "`sglang:spec_verify_calls_total` over the point.",
+        "",
+        "## Results",
+        "",
+        "| config | users | output tok/s | speedup | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | accept "
+        "| done | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in ok:
+        s = p.get("server") or {}
+        star = "" if p.get("window") == "steady" else "*"
+        lines.append(
+            f"| {p['config']} | {p['users']} | {_num(p['output_tok_s'])}{star} | "
+            f"{_num(p.get('speedup'), '.2f')}{'×' if p.get('speedup') else ''} | "
+            f"{_num(_get(p, 'ttft', 'p50'), '.0f')} | {_num(_get(p, 'ttft', 'p99'), '.0f')} | "
+            f"{_num(_get(p, 'itl', 'p50'))} | {_num(_get(p, 'itl', 'p99'))} | {_num(_get(p, 'tpot', 'p50'))} | "
+            f"{_num(s.get('accept_length'), '.2f')} | {p.get('completed')} | {p.get('failures')} |")
+    if any((p.get("server") or {}).get("block_size_shares") for p in ok):
+        lines += ["", "## Block sizes (share of verify steps)", "", "| config | users | shares |", "|---|---:|---|"]
+        lines += [f"| {p['config']} | {p['users']} | {_shares(p['server']['block_size_shares'])} |"
+                  for p in ok if (p.get("server") or {}).get("block_size_shares")]
+    others = list(dict.fromkeys(p["config"] for p in ok if p["config"] != baseline))   # sweep order
+    if baseline in {p["config"] for p in ok} and others:
+        users = sorted({p["users"] for p in ok})
+        by = {(p["config"], p["users"]): p.get("speedup") for p in ok}
+        lines += ["", f"## Speedup over {baseline} (output tok/s)", "",
+                  "| users | " + " | ".join(others) + " |", "|---:|" + "---:|" * len(others)]
+        lines += [f"| {u} | " + " | ".join(_num(by.get((c, u)), ".2f") for c in others) + " |" for u in users]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    failed = [p for p in points if not p.get("ok")]
+    if failed:
+        lines += ["", "## Failed points", ""]
+        lines += [f"- {p['config']} users {p.get('users')}: {p.get('error', '?')[:300]}" for p in failed]
+    base = meta.get("base_config")
+    lines += ["", "## Configurations", ""] + ([f"Overrides of `{base}`:", ""] if base else [])
+    for name, c in meta.get("configs", {}).items():
+        override = c.get("override") or {"speculative": (c.get("config") or {}).get("speculative")}
+        what = f"server at {c['url']}" if c.get("url") else f"`{json.dumps(override)}`"
+        lines.append(f"- `{name}`: {what}")
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(out: Path, points: list[dict], baseline: str | None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")           # files only; no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    ok = measured(points)
+    configs = list(dict.fromkeys(p["config"] for p in ok))
+    if not ok:
+        return []
+    users = sorted({p["users"] for p in ok})
+    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(configs)}
+
+    def series(config: str, get) -> tuple[list, list]:
+        pts = sorted((p for p in ok if p["config"] == config and get(p) is not None), key=lambda p: p["users"])
+        return [p["users"] for p in pts], [get(p) for p in pts]
+
+    def figure(name: str, title: str, ylabel: str, lines: list[tuple[str, object, str, str]], hline=None) -> Path:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for label, get, style, config in lines:
+            x, y = series(config, get)
+            if x:
+                ax.plot(x, y, style, color=colors[config], label=label, marker="o", markersize=4)
+        if hline is not None:
+            ax.axhline(hline, color="grey", linewidth=0.8, linestyle=":")
+        if len(users) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(users, [str(u) for u in users])
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+    made = [
+        figure("throughput", "Output tokens/s", "tokens/s",
+               [(c, lambda p: p["output_tok_s"], "-", c) for c in configs]),
+        figure("ttft", "Time to first token (solid p50, dashed p99)", "ms",
+               [(f"{c} {q}", (lambda q: lambda p: _get(p, "ttft", q))(q), s, c)
+                for c in configs for q, s in (("p50", "-"), ("p99", "--"))]),
+        figure("itl", "Inter-token latency per chunk (solid p50, dashed p99)", "ms",
+               [(f"{c} {q}", (lambda q: lambda p: _get(p, "itl", q))(q), s, c)
+                for c in configs for q, s in (("p50", "-"), ("p99", "--"))]),
+    ]
+    others = [c for c in configs if c != baseline]
+    if baseline in configs and others:
+        made.append(figure("speedup", f"Output tokens/s speedup over {baseline}", "×",
+                           [(c, lambda p: p.get("speedup"), "-", c) for c in others], hline=1.0))
+    if any((p.get("server") or {}).get("accept_length") for p in ok):
+        made.append(figure("acceptance", "Mean tokens per verify step", "tokens",
+                           [(c, lambda p: (p.get("server") or {}).get("accept_length"), "-", c) for c in configs]))
+    return made
+
+
+def write_report(out: Path) -> list[Path]:
+    """results.csv, the plots and report.md from results.json; returns what it wrote."""
+    meta, points = load_results(out)
+    add_speedup(points, meta.get("baseline"))
+    plots = write_plots(out, points, meta.get("baseline"))
+    path = out / "report.md"
+    path.write_text(markdown(meta, points, plots))
+    return [write_csv(out, points), *plots, path]

@@ -1,0 +1,98 @@
+"""Scrape a server's Prometheus /metrics and turn before/after snapshots into per-point numbers."""
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# sample name -> [(labels, value)]
+Snapshot = dict[str, list[tuple[dict[str, str], float]]]
+
+BLOCK_STEPS = "dflash_block_size_steps_total"   # the adaptive worker's counter, labelled by block_size
+
+
+def parse(text: str) -> Snapshot:
+    out: Snapshot = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def scrape(url: str, headers: dict[str, str] | None = None, timeout: float = 30) -> Snapshot | None:
+    """The server's metrics, or None when it exposes none (404, `server.metrics: false`, not SGLang) or is gone
+    (the load test's failures say so; a scrape must not end the sweep)."""
+    req = urllib.request.Request(f"{url}/metrics", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return parse(r.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def total(snap: Snapshot | None, name: str) -> float | None:
+    """Sum of a sample over all its label sets (SGLang labels by rank, streaming, ...); None if absent."""
+    if not snap or name not in snap:
+        return None
+    return sum(v for _, v in snap[name])
+
+
+def _delta(before: Snapshot | None, after: Snapshot | None, name: str) -> float | None:
+    a, b = total(after, name), total(before, name)
+    if a is None:
+        return None
+    return a - (b or 0.0)
+
+
+def _ratio(num: float | None, den: float | None, scale: float = 1.0) -> float | None:
+    return num / den * scale if num is not None and den else None
+
+
+def point_deltas(before: Snapshot | None, after: Snapshot | None) -> dict:
+    """What the server did between two scrapes.
+
+    accept_length: generated tokens per verify step (accepted drafts + the bonus token), from the
+    `sglang:generation_tokens_total` and `sglang:spec_verify_calls_total` counters -- the window's mean, unlike
+    the `sglang:spec_accept_length` gauge, which is the last logging interval's. block_size_shares: fraction of
+    verify steps at each block size, only when the server exports `dflash_block_size_steps_total`.
+    """
+    if after is None:
+        return {"metrics": False}
+    gen = _delta(before, after, "sglang:generation_tokens_total")
+    verify = _delta(before, after, "sglang:spec_verify_calls_total")
+    out = {
+        "metrics": True,
+        "generation_tokens": gen,
+        "spec_verify_calls": verify,
+        "accept_length": _ratio(gen, verify),
+        "spec_accept_length_gauge": total(after, "sglang:spec_accept_length"),
+        "block_size_shares": block_size_shares(before, after),
+    }
+    for key, family in (("ttft", "time_to_first_token"), ("itl", "inter_token_latency"),
+                        ("e2e", "e2e_request_latency")):
+        base = f"sglang:{family}_seconds"
+        out[f"{key}_mean_ms"] = _ratio(_delta(before, after, f"{base}_sum"), _delta(before, after, f"{base}_count"),
+                                       1e3)
+    return out
+
+
+def block_size_shares(before: Snapshot | None, after: Snapshot | None) -> dict[str, float] | None:
+    if not after or BLOCK_STEPS not in after:
+        return None
+    steps: dict[str, float] = {}
+    for labels, v in after[BLOCK_STEPS]:
+        steps[labels.get("block_size", "?")] = steps.get(labels.get("block_size", "?"), 0.0) + v
+    for labels, v in (before or {}).get(BLOCK_STEPS, []):
+        steps[labels.get("block_size", "?")] = steps.get(labels.get("block_size", "?"), 0.0) - v
+    n = sum(steps.values())
+    if n <= 0:
+        return None
+    key = lambda b: (not b.isdigit(), int(b) if b.isdigit() else 0, b)  # noqa: E731 -- numeric order
+    return {b: steps[b] / n for b in sorted(steps, key=key) if steps[b] > 0}
+
+
+def is_idle(snap: Snapshot | None) -> bool:
+    """No request running or queued (requests the load test abandoned still finish on the server)."""
+    return not snap or ((total(snap, "sglang:num_running_reqs") or 0) == 0
+                        and (total(snap, "sglang:num_queue_reqs") or 0) == 0)

@@ -1,0 +1,343 @@
+"""Sweep server configurations x concurrency with Locust; write results.json/.csv, report.md and plots.
+
+    python -m loadtest.sweep                                          # every config in loadtest/configs.yaml
+    python -m loadtest.sweep --configs no-spec dflash-b16 --users 1 4 16 --duration 20
+    python -m loadtest.sweep --url mine=http://127.0.0.1:30000 --users 1 2 --duration 5
+    python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
+
+Per configuration: start `dflash-serve serve` (service.process.ManagedServer) unless `--url NAME=URL` gives a
+running server; then per user count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py
+--headless` as a subprocess (Locust's gevent patching breaks SGLang, so never in this process), wait until the
+server is idle, scrape again. Results are rewritten after every point, so an interrupted sweep keeps its data.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+from loadtest import report, server_metrics
+from loadtest.dataset import DatasetError, load_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = Path(__file__).resolve().parent / "chat.py"
+DEFAULT_CONFIGS = Path(__file__).resolve().parent / "configs.yaml"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "sweep-cpu"
+DEFAULT_USERS = (1, 2, 4, 8, 16, 32, 50)
+
+
+class SweepError(Exception):
+    """A problem with the sweep's inputs or a server; the message says what to fix."""
+
+
+def log(msg: str) -> None:
+    print(f"[sweep] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- configurations
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """`override` into a copy of `base`; nested mappings merge, a None value deletes the key."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+class Configs(NamedTuple):
+    baseline: str | None          # speedups are relative to this configuration
+    base: Path                    # the dflash-serve config every override applies to
+    full: dict[str, dict]         # name -> complete config, absolute paths, validated
+    overrides: dict[str, dict]    # name -> the override as written
+
+
+def load_configs(path: Path, base_override: Path | None = None) -> Configs:
+    """The named configurations of `path`, each validated now.
+
+    Validation here, not at server start, so a typo in the 4th configuration fails in a second rather than
+    after three servers' worth of sweep.
+    """
+    from service.config import ConfigError, parse_config
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SweepError(f"{path}: cannot read the configurations ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("configs"), dict) or not doc["configs"]:
+        raise SweepError(f"{path}: expected `configs:` mapping names to config overrides (see loadtest/configs.yaml)")
+    base_path = base_override or (path.parent / doc.get("base", "../deploy/configs/cpu.yaml"))
+    try:
+        base = yaml.safe_load(base_path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SweepError(f"{path}: base config {base_path}: {e}") from None
+    configs = {}
+    for name, override in doc["configs"].items():
+        if not isinstance(override, dict):
+            raise SweepError(f"{path}: configs.{name}: expected a mapping of overrides, got {override!r}")
+        try:
+            cfg = parse_config(deep_merge(base, override), base=base_path.resolve().parent)
+        except ConfigError as e:
+            raise SweepError(f"{path}: configs.{name}: {e}") from None
+        configs[name] = cfg.model_dump(mode="json", exclude_none=True)
+    return Configs(doc.get("baseline"), base_path.resolve(), configs, doc["configs"])
+
+
+def parse_urls(items: list[str]) -> dict[str, str]:
+    urls = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise SweepError(f"--url {item!r}: expected NAME=http://HOST:PORT")
+        urls[name] = url.rstrip("/")
+    return urls
+
+
+# ---------------------------------------------------------------------------------------------- one point
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("LOCUST_API_KEY")        # the same variable chat.py's --api-key reads
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **_headers()})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def model_name(url: str) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers=_headers()), timeout=30) as r:
+            return json.load(r)["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise SweepError(f"{url}/v1/models: no model listed ({e}); is this an OpenAI-compatible server?") from None
+
+
+def warm_up(url: str, n: int, messages: list[dict], timeout: float = 600) -> None:
+    """`n` short requests: first-request costs (allocations, caches) stay out of the measurement."""
+    model = model_name(url) if n else ""
+    for _ in range(n):
+        try:
+            r = _post(f"{url}/v1/chat/completions",
+                      {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0}, timeout)
+        except OSError as e:
+            raise SweepError(f"warm-up request to {url} failed: {e}; is the server up?") from None
+        if not r.get("choices"):
+            raise SweepError(f"warm-up request to {url} returned no choices: {str(r)[:200]}")
+
+
+def wait_idle(url: str, timeout: float = 300) -> bool:
+    """Wait until the server runs and queues nothing: Locust abandons in-flight requests at the end of a point,
+    and the server finishes them, which would slow the next point down."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server_metrics.is_idle(server_metrics.scrape(url, _headers())):
+            return True
+        time.sleep(1)
+    return False
+
+
+def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path) -> dict:
+    """Warm up, run Locust headless at `users`, and return the point's record."""
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    stem = raw_dir / f"u{users}"
+    summary_path = Path(f"{stem}_summary.json")
+    summary_path.unlink(missing_ok=True)
+    warm_up(url, args.warmup, args.prompts[0])
+    before = server_metrics.scrape(url, _headers())
+    cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
+           "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
+           "--summary-file", str(summary_path), "--max-tokens", str(args.max_tokens),
+           "--temperature", str(args.temperature), "--max-failure-ratio", str(args.max_failure_ratio)]
+    cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
+    if args.dataset:
+        cmd += ["--dataset", str(args.dataset)]
+    if args.ignore_eos:
+        cmd += ["--ignore-eos"]
+    cmd += args.locust_arg
+    # the CPU layer's startup hook has no business in the load generator
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_SERVE_CPU"}
+    limit = (args.duration + 300) if args.requests is None else args.point_timeout
+    started = time.monotonic()
+    with open(f"{stem}_locust.log", "w") as logf:
+        try:
+            rc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    wall = time.monotonic() - started
+    idle = wait_idle(url)
+    after = server_metrics.scrape(url, _headers())
+    point = {"users": users, "locust_exit_code": rc, "wall_s": wall, "idle_after": idle,
+             "files": {"csv_prefix": str(stem), "summary": str(summary_path), "log": f"{stem}_locust.log"}}
+    if summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+        point |= {k: summary[k] for k in ("requests", "failures", "failure_ratio", "completed", "output_tokens_total",
+                                          "output_tok_s", "req_s", "window", "window_s", "duration_s", "model")}
+        point |= summary["metrics"]
+    point["server"] = server_metrics.point_deltas(before, after)
+    point["ok"] = rc == 0 and summary_path.is_file()
+    if not point["ok"]:
+        point["error"] = _why(rc, point, stem)
+    return point
+
+
+def _why(rc: int | None, point: dict, stem: Path) -> str:
+    """One line on why a point failed: the failure ratio and the most frequent failure, else the log's end."""
+    head = f"Locust timed out after {point['wall_s']:.0f}s" if rc is None else f"Locust exited {rc}"
+    try:
+        with open(f"{stem}_failures.csv") as f:
+            top = max(csv.DictReader(f), key=lambda r: int(r["Occurrences"]), default=None)
+    except OSError:
+        top = None
+    if point.get("requests") and top:
+        return (f"{head}: {point['failures']} of {point['requests']} requests failed, most often "
+                f"({top['Occurrences']}x) {top['Method']} {top['Name']}: {top['Error'][:300]}")
+    tail = Path(f"{stem}_locust.log").read_text(errors="replace").splitlines()[-5:]
+    return f"{head}: " + " | ".join(tail)[-500:]
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+def _fmt_point(p: dict) -> str:
+    if not p.get("ok"):
+        return f"FAILED ({p.get('error', '?')[:200]})"
+    acc = p["server"].get("accept_length")
+    return (f"{p['output_tok_s']:.1f} tok/s, TTFT p50 {p['ttft'].get('p50', float('nan')):.0f} ms, "
+            f"ITL p50 {p['itl'].get('p50', float('nan')):.1f} ms, {p['completed']} done, {p['failures']} failed"
+            + (f", accept {acc:.2f}" if acc else ""))
+
+
+def sweep(args: argparse.Namespace) -> int:
+    baseline, base, configs, overrides = load_configs(args.config_file, args.base_config)
+    urls = parse_urls(args.url)
+    names = args.configs or (list(urls) if urls else list(configs))
+    unknown = [n for n in names if n not in configs and n not in urls]
+    if unknown:
+        raise SweepError(f"unknown configuration(s) {unknown}: choose from {list(configs)} in {args.config_file} "
+                         f"or give --url NAME=URL")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "users": args.users,
+            "duration_s": args.duration if args.requests is None else None,
+            "requests": args.requests, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "ignore_eos": args.ignore_eos, "warmup": args.warmup, "dataset": str(args.dataset or "bundled mix"),
+            "baseline": args.baseline or baseline, "cpu_count": os.cpu_count(), "base_config": str(base),
+            "configs": {n: ({"url": urls[n]} if n in urls else {"override": overrides[n], "config": configs[n]})
+                        for n in names}}
+    points: list[dict] = []
+    total_points = len(names) * len(args.users)
+    failed = 0
+    for ci, name in enumerate(names, 1):
+        head = f"config {ci}/{len(names)} {name}"
+        server = None
+        try:
+            if name in urls:
+                url = urls[name]
+                log(f"{head}: using {url}")
+            else:
+                from service.process import ManagedServer
+
+                server = ManagedServer(configs[name], out / "servers", name)
+                log(f"{head}: starting server (log {server.log_path})")
+                t0 = time.monotonic()
+                server.start()
+                url = server.url
+                log(f"{head}: ready at {url} in {time.monotonic() - t0:.0f}s")
+            for ui, users in enumerate(args.users, 1):
+                log(f"{head}, users {users} ({ui}/{len(args.users)}) ...")
+                point = {"config": name, **run_point(url, users, args, out / "raw" / name)}
+                points.append(point)
+                failed += not point["ok"]
+                report.write_results(out, meta, points)
+                log(f"{head}, users {users} ({ui}/{len(args.users)}): {_fmt_point(point)} "
+                    f"[{len(points)}/{total_points}]")
+        except (SweepError, RuntimeError) as e:
+            # one broken configuration (a server that will not start) must not cost the others their results
+            log(f"{head}: FAILED: {e}")
+            failed += 1
+            points.append({"config": name, "users": None, "ok": False, "error": str(e)[:2000]})
+            report.write_results(out, meta, points)
+        finally:
+            if server is not None:
+                server.stop()
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    report.write_results(out, meta, points)
+    written = report.write_report(out)
+    log(f"wrote {', '.join(str(p.relative_to(out)) for p in written)} in {out}")
+    if failed:
+        log(f"{failed} point(s) failed; see report.md and the raw/ logs")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config-file", type=Path, default=DEFAULT_CONFIGS, help="named server configurations")
+    p.add_argument("--base-config", type=Path, default=None, help="override the file's `base:` config")
+    p.add_argument("--configs", nargs="+", metavar="NAME", help="run only these (default: all, or the --url names)")
+    p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
+                   help="use a running server for NAME instead of starting one (repeatable)")
+    p.add_argument("--baseline", help="configuration speedups are relative to (default: the file's `baseline:`)")
+    p.add_argument("--users", type=int, nargs="+", default=list(DEFAULT_USERS), help="concurrent users per point")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--duration", type=int, default=60, help="seconds of load per point")
+    mode.add_argument("--requests", type=int, default=None,
+                      help="requests per point instead of --duration (exact sample sizes; throughput then includes "
+                           "the tail where users run out of requests)")
+    p.add_argument("--point-timeout", type=int, default=3600, help="seconds before a --requests point is killed")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each point")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-tokens")
+    p.add_argument("--dataset", type=Path, default=None, help="JSONL prompts (default: loadtest/prompts/mix.jsonl)")
+    p.add_argument("--max-failure-ratio", type=float, default=0.01, help="a point fails above this")
+    p.add_argument("--locust-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every Locust run, e.g. --locust-arg=--think-time=1 (repeatable)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    p.add_argument("--report-only", action="store_true", help="rewrite report.md, results.csv and plots from "
+                                                               "--out/results.json without running anything")
+    args = p.parse_args(argv)
+    try:
+        if args.report_only:
+            try:
+                written = report.write_report(args.out)
+            except FileNotFoundError as e:
+                raise SweepError(str(e)) from None
+            log(f"wrote {', '.join(str(w.relative_to(args.out)) for w in written)} in {args.out}")
+            return 0
+        if any(u < 1 for u in args.users) or args.duration < 1 or (args.requests is not None and args.requests < 1):
+            raise SweepError("--users, --duration and --requests must be positive")
+        try:
+            args.prompts = load_prompts(args.dataset)
+        except DatasetError as e:
+            raise SweepError(f"--dataset {e}") from None
+        return sweep(args)
+    except SweepError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        log(f"interrupted; partial results in {args.out}/results.json (python -m loadtest.sweep --report-only "
+            f"--out {args.out} writes their report)")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

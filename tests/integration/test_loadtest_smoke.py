@@ -1,0 +1,98 @@
+"""The load test a user runs: `locust -f loadtest/chat.py` and `python -m loadtest.sweep` against a real server.
+
+Locust runs as a subprocess (as users run it): importing it here would gevent-patch the test process.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.process import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CUSTOM_METRICS = ("ttft", "itl", "tpot", "e2e", "output_tokens")
+
+
+def locust(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "locust", "-f", "loadtest/chat.py", "--headless", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def stats(prefix: Path) -> dict[tuple[str, str], dict]:
+    with open(f"{prefix}_stats.csv") as f:
+        return {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+
+
+@pytest.mark.server
+def test_headless_run_reports_every_custom_metric(dflash_server, tmp_path):
+    prefix = tmp_path / "run"
+    r = locust("-u", "5", "-r", "5", "-t", "15s", "--csv", str(prefix), "--host", dflash_server.url,
+               "--max-tokens", "32", "--summary-file", str(tmp_path / "summary.json"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = stats(prefix)
+    chat = rows[("POST", "/v1/chat/completions")]
+    assert int(chat["Request Count"]) > 0 and int(chat["Failure Count"]) == 0
+    assert int(rows[("", "Aggregated")]["Failure Count"]) == 0
+    for name in CUSTOM_METRICS:
+        row = rows[("METRIC", name)]
+        assert int(row["Request Count"]) > 0 and float(row["Average Response Time"]) > 0, name
+    assert float(rows[("METRIC", "output_tokens")]["Max Response Time"]) <= 32
+    # the request's own response time is the whole answer, not just its headers
+    e2e = rows[("METRIC", "e2e")]
+    assert float(chat["Average Response Time"]) == pytest.approx(float(e2e["Average Response Time"]))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["model"] == "tiny" and summary["failures"] == 0 and summary["output_tok_s"] > 0
+    # Locust rewrites _stats.csv every second, not at exit: the summary may hold the last second's completions too
+    assert 0 <= summary["metrics"]["ttft"]["count"] - int(chat["Request Count"]) <= 5
+
+
+@pytest.mark.parametrize("threshold, code", [("0.01", 1), ("1", 0)])
+def test_unreachable_server_counts_failures_and_fails_the_run(tmp_path, threshold, code):
+    prefix = tmp_path / "run"
+    r = locust("-u", "2", "-r", "2", "-t", "3s", "--csv", str(prefix), "--host", f"http://127.0.0.1:{free_port()}",
+               "--max-failure-ratio", threshold)
+    assert r.returncode == code, r.stderr[-3000:]
+    total = stats(prefix)[("", "Aggregated")]
+    assert int(total["Failure Count"]) > 0 and total["Failure Count"] == total["Request Count"]
+    assert "exceeds --max-failure-ratio" in r.stderr if code else "within --max-failure-ratio" in r.stderr
+
+
+def test_requests_limit_ends_the_run(tmp_path):
+    # no -t: only --requests can end it (failed requests count, so no server is needed)
+    r = locust("-u", "2", "-r", "2", "--requests", "3", "--model", "m", "--host", f"http://127.0.0.1:{free_port()}",
+               "--summary-file", str(tmp_path / "s.json"), timeout=60)
+    assert r.returncode == 1, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["requests"] == 3 and summary["failures"] == 3
+
+
+def test_bad_dataset_line_is_a_clear_startup_error(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"conversation": []}\n')
+    r = locust("-u", "1", "-t", "2s", "--host", "http://127.0.0.1:9", "--dataset", str(data))
+    assert r.returncode == 2
+    assert f"--dataset {data}:2: neither 'messages' nor 'conversations'" in r.stderr
+
+
+@pytest.mark.server
+def test_small_sweep_against_a_running_server(dflash_server, tmp_path):
+    out = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
+                        "--users", "1", "2", "--duration", "5", "--max-tokens", "32", "--warmup", "1",
+                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "[sweep] config 1/1 tiny, users 2 (2/2)" in r.stdout
+    points = json.loads((out / "results.json").read_text())["points"]
+    assert [(p["config"], p["users"], p["ok"]) for p in points] == [("tiny", 1, True), ("tiny", 2, True)]
+    assert all(p["output_tok_s"] > 0 and p["failures"] == 0 for p in points)
+    assert all(p["server"]["accept_length"] and p["server"]["accept_length"] >= 1 for p in points)  # DFlash server
+    md = (out / "report.md").read_text()
+    assert "| tiny | 1 |" in md and "| tiny | 2 |" in md
+    for name in ("results.csv", "throughput.png", "ttft.png", "itl.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "raw" / "tiny" / "u2_stats.csv").is_file()

@@ -1,0 +1,64 @@
+"""The numbers the sweep reports: exact percentiles and steady-state throughput of a closed-loop run."""
+from __future__ import annotations
+
+import pytest
+
+from loadtest.sse import StreamTimings
+from loadtest.summary import RunRecorder, describe
+
+
+def timings(tokens: int = 10, ttft: float = 0.1, e2e: float = 1.0) -> StreamTimings:
+    return StreamTimings(ttft=ttft, e2e=e2e, output_tokens=tokens, itl=[0.05, 0.07])
+
+
+def test_describe_is_exact():
+    d = describe([float(x) for x in range(1, 101)])
+    assert d["count"] == 100 and d["p50"] == pytest.approx(50.5) and d["p99"] == pytest.approx(99.01)
+    assert d["min"] == 1 and d["max"] == 100 and d["mean"] == pytest.approx(50.5)
+    assert describe([]) == {"count": 0}
+
+
+def test_samples_are_milliseconds_and_tokens():
+    r = RunRecorder(started_at=0.0)
+    r.record("u1", 1.0, timings())
+    s = r.summary(end=2.0, requests=1, failures=0, users=1)
+    m = s["metrics"]
+    assert m["ttft"]["p50"] == pytest.approx(100) and m["e2e"]["p50"] == pytest.approx(1000)
+    assert m["itl"]["count"] == 2 and m["tpot"]["p50"] == pytest.approx(900 / 9)
+    assert m["output_tokens"]["mean"] == 10 and m["output_tokens"]["unit"] == "tokens"
+    assert s["failure_ratio"] == 0 and s["users"] == 1
+
+
+def test_throughput_counts_the_steady_window_only():
+    # 2 users, each completes a 100-token request every 2 s from t=2 (user a) and t=3 (user b) on;
+    # in steady state that is exactly 100 tokens/s, and the end cuts requests in flight.
+    r = RunRecorder(started_at=0.0)
+    for t in range(2, 40, 2):
+        r.record("a", float(t), timings(100))
+        r.record("b", t + 1.0, timings(100))
+    out = r.throughput(end=40.0, users=2)
+    assert out["window"] == "steady" and out["window_s"] == pytest.approx(37)
+    assert out["output_tok_s"] == pytest.approx(100, rel=0.05)
+    assert out["completed"] == 38 and out["output_tokens_total"] == 3800
+
+
+def test_short_run_falls_back_to_start_until_last_completion():
+    r = RunRecorder(started_at=0.0)
+    r.record("a", 2.0, timings(128))
+    out = r.throughput(end=5.0, users=1)
+    assert out["window"] == "whole run" and out["output_tok_s"] == pytest.approx(64)
+
+
+def test_a_user_that_never_finished_means_no_steady_state():
+    r = RunRecorder(started_at=0.0)
+    for t in range(1, 20):
+        r.record("a", float(t), timings(10))
+    assert r.throughput(end=20.0, users=2)["window"] == "whole run"
+    assert r.throughput(end=20.0, users=1)["window"] == "steady"
+
+
+def test_reset_restarts_the_run():
+    r = RunRecorder(started_at=0.0)
+    r.record("a", 1.0, timings())
+    r.reset(5.0)
+    assert r.started_at == 5.0 and r.completions == [] and r.samples["ttft"] == []

@@ -1,0 +1,129 @@
+"""The sweep's inputs (named configurations, --url) and outputs (report, CSV, plots) without any server."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loadtest import report, server_metrics
+from loadtest.sweep import DEFAULT_CONFIGS, SweepError, deep_merge, load_configs, main, parse_urls
+
+
+def test_shipped_configurations_validate_with_absolute_paths():
+    baseline, base, configs, overrides = load_configs(DEFAULT_CONFIGS)
+    assert base == (DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml").resolve()
+    assert overrides["dflash-b4"] == {"speculative": {"algorithm": "dflash", "block_size": 4}}
+    assert baseline == "no-spec"
+    assert list(configs) == ["no-spec", "dflash-b4", "dflash-b8", "dflash-b16"]
+    assert configs["no-spec"]["speculative"]["algorithm"] == "none"
+    assert [configs[f"dflash-b{b}"]["speculative"]["block_size"] for b in (4, 8, 16)] == [4, 8, 16]
+    for cfg in configs.values():     # written to another directory by ManagedServer: paths must not be relative
+        assert Path(cfg["model"]["path"]).is_absolute() and Path(cfg["model"]["path"]).is_dir()
+
+
+def test_a_configuration_is_one_entry(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "base": str(DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml"),
+        "configs": {"small-batch": {"server": {"max_running_requests": 4}}}}))
+    configs = load_configs(tmp_path / "c.yaml").full
+    assert configs["small-batch"]["server"]["max_running_requests"] == 4
+    assert configs["small-batch"]["speculative"]["algorithm"] == "dflash"      # the rest from the base
+
+
+def test_a_bad_configuration_fails_before_any_server_starts(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "base": str(DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml"),
+        "configs": {"typo": {"speculative": {"blok_size": 4}}}}))
+    with pytest.raises(SweepError, match=r"configs\.typo: speculative\.blok_size: unknown key"):
+        load_configs(tmp_path / "c.yaml")
+    assert main(["--config-file", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_deep_merge_overrides_nested_keys_and_none_deletes():
+    base = {"a": {"x": 1, "y": 2}, "b": 3}
+    assert deep_merge(base, {"a": {"y": 5, "x": None}, "c": 4}) == {"a": {"y": 5}, "b": 3, "c": 4}
+    assert base == {"a": {"x": 1, "y": 2}, "b": 3}
+
+
+def test_url_arguments():
+    assert parse_urls(["a=http://127.0.0.1:1/", "b=https://h:2"]) == {"a": "http://127.0.0.1:1", "b": "https://h:2"}
+    with pytest.raises(SweepError, match="NAME=http"):
+        parse_urls(["http://127.0.0.1:1"])
+
+
+def test_unknown_configuration_is_named(tmp_path, capsys):
+    assert main(["--configs", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown configuration(s) ['nope']" in capsys.readouterr().err
+
+
+METRICS_BEFORE = """\
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{is_streaming="true"} 100
+sglang:generation_tokens_total{is_streaming="false"} 10
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total 50
+# TYPE dflash_block_size_steps_total counter
+dflash_block_size_steps_total{block_size="16"} 10
+dflash_block_size_steps_total{block_size="4"} 0
+"""
+METRICS_AFTER = """\
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{is_streaming="true"} 400
+sglang:generation_tokens_total{is_streaming="false"} 10
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total 150
+# TYPE dflash_block_size_steps_total counter
+dflash_block_size_steps_total{block_size="16"} 35
+dflash_block_size_steps_total{block_size="4"} 75
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs 0
+"""
+
+
+def test_metric_deltas_acceptance_and_block_size_shares():
+    d = server_metrics.point_deltas(server_metrics.parse(METRICS_BEFORE), server_metrics.parse(METRICS_AFTER))
+    assert d["generation_tokens"] == 300 and d["spec_verify_calls"] == 100 and d["accept_length"] == 3.0
+    assert d["block_size_shares"] == {"4": 0.75, "16": 0.25}       # numeric order
+
+
+def test_metric_deltas_tolerate_a_server_without_spec_or_block_metrics():
+    plain = server_metrics.parse('# TYPE sglang:generation_tokens_total counter\n'
+                                 'sglang:generation_tokens_total 7\n')
+    d = server_metrics.point_deltas(plain, plain)
+    assert d["accept_length"] is None and d["block_size_shares"] is None
+    assert server_metrics.point_deltas(None, None) == {"metrics": False}
+
+
+def _point(config: str, users: int, tok_s: float, accept: float | None = None) -> dict:
+    dist = {"count": 10, "mean": 1.0, "p50": 10.0 * users, "p90": 15.0 * users, "p99": 20.0 * users}
+    return {"config": config, "users": users, "ok": True, "requests": 10, "failures": 0, "failure_ratio": 0.0,
+            "completed": 10, "output_tok_s": tok_s, "req_s": 1.0, "window": "steady", "ttft": dist, "itl": dist,
+            "tpot": dist, "e2e": dist, "output_tokens": {**dist, "mean": 128.0},
+            "server": {"accept_length": accept, "block_size_shares": {"8": 1.0} if accept else None}}
+
+
+def test_report_table_speedup_csv_and_plots(tmp_path):
+    points = [_point("no-spec", 1, 50), _point("no-spec", 4, 100), _point("dflash-b16", 1, 150, 3.5),
+              _point("dflash-b16", 4, 200, 3.0),
+              {"config": "dflash-b16", "users": 8, "ok": False, "error": "locust exited 1: failure ratio"}]
+    meta = {"started": "t0", "finished": "t1", "baseline": "no-spec", "duration_s": 20, "warmup": 2,
+            "max_tokens": 128, "temperature": 0, "dataset": "bundled mix", "cpu_count": 2,
+            "configs": {"no-spec": {"config": {"speculative": {"algorithm": "none"}}}, "dflash-b16": {"url": "x"}}}
+    report.write_results(tmp_path, meta, points)
+    written = report.write_report(tmp_path)
+    names = {p.name for p in written}
+    assert {"results.csv", "report.md", "throughput.png", "ttft.png", "itl.png", "speedup.png"} <= names
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names if n.endswith(".png"))
+    md = (tmp_path / "report.md").read_text()
+    assert "| dflash-b16 | 1 | 150.0 | 3.00× | 10 | 20 |" in md
+    assert "| dflash-b16 | 4 | 200.0 | 2.00× |" in md
+    assert "## Speedup over no-spec" in md and "| 4 | 2.00 |" in md
+    assert "dflash-b16 users 8: locust exited 1" in md                 # failed points are reported, not hidden
+    assert "8:100%" in md                                              # block-size shares when the server has them
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert len(rows) == 5 and float(rows[2]["speedup"]) == pytest.approx(3.0)
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["baseline"] == "no-spec"
+    assert main(["--report-only", "--out", str(tmp_path)]) == 0          # regenerate from results.json
