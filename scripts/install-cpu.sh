@@ -22,7 +22,7 @@ fi
 # timm (an optional sglang import) drags in a CUDA torchvision; the CPU layer stubs torchvision instead.
 "$PY" -m pip uninstall -y -q torchvision 2>/dev/null || true
 echo "[install] dflash-serve (editable)"
-pip --no-deps --no-build-isolation -e . 2>/dev/null || pip --no-deps -e .
+pip --no-deps -e .
 if [[ ! -f models/tiny-random/drafter/model.safetensors ]]; then
   echo "[install] creating the tiny test model pair in models/tiny-random"
   "$PY" -m dflash_models.tiny models/tiny-random

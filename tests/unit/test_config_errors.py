@@ -160,3 +160,16 @@ def test_sglang_args_values_and_owned_flags(tiny_pair, tmp_path):
         assert message in str(e.value)
     ok = load_config(write(tmp_path, good(tiny_pair) | {"sglang_args": {"chunked_prefill_size": 512, "log_requests": True}}))
     validate_passthrough(ok)
+
+
+def test_serve_refuses_a_port_in_use(tmp_path, tiny_pair):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = good(tiny_pair, algorithm="none") | {"server": {"port": port}}
+        r = cli("serve", "-c", str(write(tmp_path, data)))
+    assert r.returncode == 2
+    assert f"dflash-serve: error: server.port: 127.0.0.1:{port} is already in use" in r.stderr
