@@ -66,7 +66,9 @@ class ServerConfig(_Strict):
 
 
 class SpeculativeConfig(_Strict):
-    algorithm: Literal["none", "dflash"] = Field("none", description="none: plain decoding; dflash: upstream DFlash.")
+    algorithm: Literal["none", "dflash", "dflash_adaptive"] = Field(
+        "none", description="none: plain decoding; dflash: upstream DFlash (fixed block); dflash_adaptive: the "
+                            "plugin-registered DFLASH_ADAPTIVE algorithm (currently upstream's worker, fixed block).")
     draft_model_path: Path | None = Field(None, description="z-lab-format DFlash drafter directory.")
     block_size: int | None = Field(
         None, ge=2, description="Tokens verified per step; defaults to the drafter's trained block_size.")

@@ -70,8 +70,8 @@ def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, 
         "enable_metrics": s.metrics, "max_total_tokens": s.max_total_tokens,
         "max_running_requests": s.max_running_requests,
     }
-    if sp.algorithm == "dflash":
-        args |= {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": sp.draft_model_path,
+    if sp.algorithm != "none":
+        args |= {"speculative_algorithm": sp.algorithm.upper(), "speculative_draft_model_path": sp.draft_model_path,
                  "speculative_num_draft_tokens": block_size or sp.block_size}
     if s.device is Device.cpu:
         args |= {k: v for k, v in CPU_DEFAULTS.items() if k not in config.sglang_args}

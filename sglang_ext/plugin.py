@@ -17,9 +17,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_ext import cpu, redaction
+    from sglang_ext import cpu, redaction, spec_algo
 
     redaction.install()
+    spec_algo.install()
 
     if cpu.is_active():
         from sglang_ext.cpu import patches

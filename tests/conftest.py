@@ -59,6 +59,13 @@ def dflash_server(server_factory, tiny_pair) -> ManagedServer:
 
 
 @pytest.fixture(scope="session")
+def adaptive_server(server_factory, tiny_pair) -> ManagedServer:
+    """The plugin-registered DFLASH_ADAPTIVE algorithm."""
+    return server_factory(default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"]),
+                          "adaptive")
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_pair):
     from transformers import AutoTokenizer
 

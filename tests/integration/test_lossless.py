@@ -51,6 +51,15 @@ def test_dflash_greedy_equals_plain_batched(dflash_server, plain_greedy, prompt_
     assert [r["output_ids"] for r in out] == plain_greedy
 
 
+def test_plugin_registered_algorithm_greedy_equals_plain(adaptive_server, plain_greedy, prompt_ids):
+    """DFLASH_ADAPTIVE (registered from the plugin, not a builtin name) serves through the DFlash paths."""
+    single = [adaptive_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+    assert [r["output_ids"] for r in single] == plain_greedy
+    assert max(r["meta_info"]["spec_accept_length"] for r in single) > 1.5
+    batched = adaptive_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+    assert [r["output_ids"] for r in batched] == plain_greedy
+
+
 # Sampling. The prompt is one where the target often emits the drafter's token, so drafts are
 # accepted at temperature 1 as well. We compare the marginal distribution of the 2nd and 3rd
 # generated tokens (the 1st comes from prefill, not from verification).

@@ -128,6 +128,12 @@ def test_cpu_launch_plan_sets_the_cpu_layer_and_threads(tmp_path, tiny_pair):
     assert "--attention-backend torch_native" in argv and "--host 127.0.0.1" in argv
 
 
+def test_dflash_adaptive_launches_the_plugin_algorithm(tmp_path, tiny_pair):
+    data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
+    argv = " ".join(plan(load_config(write(tmp_path, data)), validate_sglang_args=False).argv)
+    assert "--speculative-algorithm DFLASH_ADAPTIVE" in argv and "--speculative-num-draft-tokens 16" in argv
+
+
 def test_cli_reports_one_line_and_exit_code_2(tmp_path):
     r = cli("check", "-c", str(write(tmp_path, {"model": {"path": "x"}, "bogus": 1})))
     assert r.returncode == 2

@@ -1,0 +1,33 @@
+"""DFLASH_ADAPTIVE, registered from the plugin, takes every code path builtin DFLASH takes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+PROBE = r"""
+import json
+import sglang_ext.plugin as plugin
+plugin.register()
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+ours, builtin = S.from_string("DFLASH_ADAPTIVE"), S.DFLASH
+names = sorted(n for n in vars(S) if n.startswith(("is_", "supports_", "need_", "carries_")) and callable(getattr(S, n)))
+answers = {n: [getattr(ours, n)(), getattr(builtin, n)()] for n in names}
+print("RESULT" + json.dumps({"answers": answers, "has_future_map": callable(getattr(ours, "create_future_map", None)),
+                             "has_platform_cls": ours.get_platform_worker_cls() is None}))
+"""
+
+
+def test_answers_every_predicate_as_builtin_dflash():
+    env = dict(os.environ, DFLASH_SERVE_CPU="1")
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, r.stderr[-3000:]
+    out = json.loads(line[len("RESULT"):])
+    differing = {n: a for n, a in out["answers"].items() if a[0] != a[1] and n not in ("is_some", "is_speculative")}
+    assert differing == {}
+    assert out["answers"]["is_dflash"] == [True, True] and out["answers"]["is_dflash_family"] == [True, True]
+    assert out["has_future_map"] and out["has_platform_cls"]
