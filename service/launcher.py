@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass
 
 from service import preflight, sglang_args
-from sglang_ext import serve_entry
+from sglang_ext import cpu, serve_entry
 from service.config import ConfigError, Device, ServeConfig
 
-CPU_ENV_VAR = "DFLASH_SERVE_CPU"  # read by sglang_ext's .pth startup hook (sglang_ext/cpu)
+CPU_ENV_VAR = cpu.ENV_VAR  # read by sglang_ext's .pth startup hook
 
 
 @dataclass(frozen=True)

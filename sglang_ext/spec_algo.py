@@ -5,7 +5,7 @@ False to all of them and lacks several methods the scheduler calls on every algo
 plugin algorithm would neither capture target hidden states nor build DFlash's future map, and
 crashes the scheduler (`create_future_map`, `carries_draft_hidden_states`). `DFlashAdaptiveSpec`
 therefore answers every predicate exactly as builtin DFLASH does, and borrows the enum's own
-implementation of the structural methods CustomSpecAlgo lacks -- derived from the enum at
+implementation of the structural methods CustomSpecAlgo lacks or stubs -- derived from the enum at
 registration time, so a predicate added upstream is covered without a second list.
 
 Server arguments: upstream `_handle_dflash` (steps = 1, topk = 1, block size from the draft
@@ -35,8 +35,8 @@ def _make_spec_class(spec_info: ModuleType):
     for name, member in vars(enum_cls).items():
         if name.startswith(("is_", "supports_")) and callable(member) and name not in _OWN:
             namespace[name] = (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name)
-    for name in _STRUCTURAL:
-        if name not in vars(CustomSpecAlgo) and name in vars(enum_cls):
+    for name in _STRUCTURAL:  # missing from CustomSpecAlgo, or (build_disagg_draft_input) a stub returning None there
+        if name in vars(enum_cls):
             namespace[name] = vars(enum_cls)[name]  # plain function: runs with our self, which answers as DFLASH
 
     def handle_server_args(self, server_args) -> None:

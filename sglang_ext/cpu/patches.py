@@ -186,7 +186,7 @@ def _torch_native_block_attention() -> None:
 
         from sglang_ext.cpu.attention import attend, make_plan
 
-        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, prefix_lens, causal):
+        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, causal):
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
             window = layer.sliding_window_size if causal and layer.sliding_window_size not in (None, -1) else None
@@ -194,6 +194,8 @@ def _torch_native_block_attention() -> None:
             key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window)
             plan = plans.get(key)
             if plan is None:
+                # TARGET_VERIFY: seq_lens excludes the block being verified/drafted; DECODE: it includes the token.
+                prefix_lens = fb.seq_lens if fb.forward_mode.is_target_verify() else fb.seq_lens - 1
                 plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
                                               block, causal=causal, sliding_window=window)
             out = attend(plan, q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
@@ -211,16 +213,12 @@ def _torch_native_block_attention() -> None:
             if rows % bs:
                 raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
             causal = layer.attn_type != AttentionType.ENCODER_ONLY
-            # In TARGET_VERIFY, seq_lens excludes the block being verified/drafted.
-            return run(self, q, k, v, layer, forward_batch, save_kv_cache,
-                       block=rows // bs, prefix_lens=forward_batch.seq_lens, causal=causal)
+            return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             if layer.is_cross_attention:
                 return original_decode(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-            # In DECODE, seq_lens includes the token being decoded.
-            return run(self, q, k, v, layer, forward_batch, save_kv_cache,
-                       block=1, prefix_lens=forward_batch.seq_lens - 1, causal=True)
+            return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=1, causal=True)
 
         cls.forward_extend = forward_extend
         cls.forward_decode = forward_decode

@@ -17,7 +17,8 @@ ours, builtin = S.from_string("DFLASH_ADAPTIVE"), S.DFLASH
 names = sorted(n for n in vars(S) if n.startswith(("is_", "supports_", "need_", "carries_")) and callable(getattr(S, n)))
 answers = {n: [getattr(ours, n)(), getattr(builtin, n)()] for n in names}
 print("RESULT" + json.dumps({"answers": answers, "has_future_map": callable(getattr(ours, "create_future_map", None)),
-                             "has_platform_cls": ours.get_platform_worker_cls() is None}))
+                             "has_platform_cls": ours.get_platform_worker_cls() is None,
+                             "disagg_borrowed": type(ours).build_disagg_draft_input is vars(S)["build_disagg_draft_input"]}))
 """
 
 
@@ -31,3 +32,4 @@ def test_answers_every_predicate_as_builtin_dflash():
     assert differing == {}
     assert out["answers"]["is_dflash"] == [True, True] and out["answers"]["is_dflash_family"] == [True, True]
     assert out["has_future_map"] and out["has_platform_cls"]
+    assert out["disagg_borrowed"]  # CustomSpecAlgo's stub returns None: DFlash disaggregation needs the enum's
