@@ -65,19 +65,65 @@ class ServerConfig(_Strict):
         return max(1, (os.cpu_count() or 2) - 1)
 
 
+class AdaptiveConfig(_Strict):
+    """speculative.adaptive: the block-size controller of dflash_adaptive (sglang_ext/controller/config.py
+    documents every setting; the defaults are the tested ones)."""
+
+    mode: Literal["adaptive", "fixed", "schedule", "cycle"] = Field(
+        "adaptive", description="adaptive: argmax of predicted goodput; fixed: always fixed_block; schedule: "
+                                "{batch_size: block}; cycle: every candidate in turn (diagnostics/tests only).")
+    candidates: list[int] = Field([1, 2, 4, 8, 16], description="Verify widths the controller may choose.")
+    fixed_block: int | None = None
+    schedule: dict[int, int] | None = None
+    hysteresis: float = Field(0.03, description="Relative predicted gain needed to switch width.")
+    min_dwell_steps: int = Field(8, description="Decisions to stay on a width before switching.")
+    decay: float = Field(0.99, description="Per-step decay of a request's acceptance statistics.")
+    probe_interval: int = Field(32, description="At width 1, draft the full block every N steps (0: never).")
+    objective: Literal["steady", "step"] = "steady"
+    cost_profile: Path | None = Field(
+        None, description="Step-cost profile JSON (measured table or roofline); default: packaged H200 roofline.")
+    learn_costs: bool = Field(True, description="Refine the cost table from measured step times.")
+
+    @model_validator(mode="after")
+    def _controller_valid(self):
+        # one source of truth for the rules: the controller's own validation (its messages name the field)
+        from sglang_ext.controller.config import ControllerConfig
+
+        ControllerConfig.from_dict(self.controller_dict())
+        return self
+
+    def controller_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"cost_profile", "learn_costs"})
+
+
 class SpeculativeConfig(_Strict):
     algorithm: Literal["none", "dflash", "dflash_adaptive"] = Field(
-        "none", description="none: plain decoding; dflash: upstream DFlash (fixed block); dflash_adaptive: the "
-                            "plugin-registered DFLASH_ADAPTIVE algorithm (currently upstream's worker, fixed block).")
+        "none", description="none: plain decoding; dflash: upstream DFlash (fixed block); dflash_adaptive: "
+                            "DFlash whose verify width the controller picks every decode step.")
     draft_model_path: Path | None = Field(None, description="z-lab-format DFlash drafter directory.")
     block_size: int | None = Field(
-        None, ge=2, description="Tokens verified per step; defaults to the drafter's trained block_size.")
+        None, ge=2, description="dflash only: tokens verified per step; defaults to the drafter's block_size.")
+    adaptive: AdaptiveConfig | None = Field(None, description="dflash_adaptive only: controller settings.")
 
     @model_validator(mode="after")
     def _needs_drafter(self):
         if self.algorithm != "none" and self.draft_model_path is None:
             raise ValueError(f"draft_model_path is required when algorithm is {self.algorithm!r}")
+        if self.algorithm == "dflash_adaptive" and self.block_size is not None:
+            raise ValueError("block_size is not used by dflash_adaptive (it drafts the drafter's full block and "
+                             "verifies a prefix); choose widths with speculative.adaptive.candidates")
+        if self.adaptive is not None and self.algorithm != "dflash_adaptive":
+            raise ValueError("adaptive settings need algorithm: dflash_adaptive")
         return self
+
+    def adaptive_settings(self):
+        """The worker's settings (sglang_ext.settings.AdaptiveSettings) for dflash_adaptive."""
+        from sglang_ext.controller.config import ControllerConfig
+        from sglang_ext.settings import AdaptiveSettings
+
+        a = self.adaptive or AdaptiveConfig()
+        return AdaptiveSettings(ControllerConfig.from_dict(a.controller_dict()),
+                                None if a.cost_profile is None else str(a.cost_profile), a.learn_costs)
 
 
 class ServeConfig(_Strict):
@@ -97,14 +143,21 @@ class ServeConfig(_Strict):
             return p if p.is_absolute() else (base / p).resolve()
 
         model = self.model.model_copy(update={"path": res(self.model.path), "tokenizer": res(self.model.tokenizer)})
-        spec = self.speculative.model_copy(update={"draft_model_path": res(self.speculative.draft_model_path)})
+        update: dict[str, Any] = {"draft_model_path": res(self.speculative.draft_model_path)}
+        if self.speculative.adaptive is not None:
+            a = self.speculative.adaptive
+            update["adaptive"] = a.model_copy(update={"cost_profile": res(a.cost_profile)})
+        spec = self.speculative.model_copy(update=update)
         return self.model_copy(update={"model": model, "speculative": spec})
 
 
 def _format(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
+    head, sep, rest = msg.partition(": ")
+    if sep and head.isidentifier():  # a nested validator naming its field ("hysteresis: must be ...")
+        loc, msg = f"{loc}.{head}", rest
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see the config reference in README.md)"
     elif first["type"] == "missing":

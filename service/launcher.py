@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from service import preflight, sglang_args
 from sglang_ext import cpu, serve_entry
+from sglang_ext.settings import ENV_VAR as ADAPTIVE_ENV_VAR
 from service.config import ConfigError, Device, ServeConfig
 
 CPU_ENV_VAR = cpu.ENV_VAR  # read by sglang_ext's .pth startup hook
@@ -51,6 +52,9 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
         env |= {CPU_ENV_VAR: "1", "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": threads}
     else:
         env.pop(CPU_ENV_VAR, None)
+    env.pop(ADAPTIVE_ENV_VAR, None)
+    if config.speculative.algorithm == "dflash_adaptive":
+        env[ADAPTIVE_ENV_VAR] = config.speculative.adaptive_settings().to_json()
     return env
 
 

@@ -101,8 +101,33 @@ def check(config: ServeConfig) -> PreflightReport:
     if block > draft_block:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
+    if spec.algorithm == "dflash_adaptive":
+        _check_adaptive(spec, draft_block)
     fc = _safetensors_shapes(where).get("fc.weight")
     if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
                           f"for {len(layer_ids)} target layers of hidden size {hidden}")
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
+
+
+def _check_adaptive(spec, draft_block: int) -> None:
+    """The controller settings against the drafter (widths <= its block) and the cost profile (loadable)."""
+    from sglang_ext.controller.cost_model import CostModel
+
+    settings = spec.adaptive_settings()
+    too_wide = [b for b in settings.controller.candidates if b > draft_block]
+    if too_wide:
+        raise ConfigError(f"speculative.adaptive.candidates: {too_wide} exceed the drafter's trained block_size "
+                          f"{draft_block}; use widths in 1..{draft_block}")
+    try:
+        settings.controller.check_against_max_block(draft_block)
+    except ValueError as e:
+        raise ConfigError(f"speculative.adaptive.{e}; the drafter's trained block_size is {draft_block}") from None
+    if settings.cost_profile is not None:
+        path = settings.cost_profile
+        if not Path(path).is_file():
+            raise ConfigError(f"speculative.adaptive.cost_profile: {path} is not a file")
+        try:
+            CostModel.from_profile(path, [b for b in settings.controller.candidates if b <= draft_block])
+        except (ValueError, KeyError, TypeError, OSError) as e:  # json errors are ValueErrors
+            raise ConfigError(f"speculative.adaptive.cost_profile: {path} is not a usable cost profile: {e}") from None

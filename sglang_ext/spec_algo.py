@@ -54,11 +54,9 @@ def _make_spec_class(spec_info: ModuleType):
 
 
 def _worker_factory(server_args):
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang_ext.worker import AdaptiveDFlashWorker
 
-    # Step 1 of issue 5: the algorithm takes every DFlash code path with upstream's worker (fixed
-    # width). AdaptiveDFlashWorker(DFlashWorkerV2) replaces this with a per-step verify width.
-    return DFlashWorkerV2
+    return AdaptiveDFlashWorker
 
 
 def install() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MODES = ("adaptive", "fixed", "schedule")
+MODES = ("adaptive", "fixed", "schedule", "cycle")
 OBJECTIVES = ("steady", "step")
 
 
@@ -42,7 +42,8 @@ class ControllerConfig:
 
     mode: ``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``) or ``schedule``
         (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
-        smallest key's entry applies).
+        smallest key's entry applies). ``cycle`` walks the candidates in order, one per decode step: a diagnostic
+        and test mode that exercises every width switch (never a performance setting).
     candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1.
     hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
     min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size

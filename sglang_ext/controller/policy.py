@@ -186,6 +186,8 @@ class BlockSizeController:
             k = self._index[cfg.fixed_block]  # type: ignore[index]
         elif cfg.mode == "schedule":
             k = self._index[self._scheduled_block(bs)]
+        elif cfg.mode == "cycle":
+            k = self.steps_decided % len(self.candidates)
         else:
             best = int(good.argmax())
             bucket = self.cost_model.bucket_index(bs)

@@ -1,0 +1,136 @@
+"""Prometheus metrics of the DFLASH_ADAPTIVE worker (names are a contract: ARCHITECTURE.md §4).
+
+Where they live: in the scheduler process, created lazily by the worker on TP rank 0 when SGLang runs with
+``--enable-metrics``. By then SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` for its process tree, so
+prometheus_client writes them to the shared mmap directory and the HTTP server's MultiProcessCollector serves
+them at ``/metrics`` next to SGLang's own. Importing prometheus_client any earlier (e.g. when the plugin is
+registered in the main process, before the variable is set) would fix its value class to in-process values and
+drop SGLang's own metrics; that is why nothing here runs at import time of the plugin.
+
+Every series carries ``model_name``. Gauges use ``multiprocess_mode="mostrecent"`` (one writer: rank 0).
+
+Counters (all per TP-rank-0 scheduler; ``rate()`` them):
+  dflash_verify_steps_total               request-steps verified (one per request per decode step).
+                                          Decode steps/s per request: rate(dflash_verify_steps_total[1m])
+  dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step).
+                                          Acceptance rate under variable width (use this, not
+                                          sglang:spec_accept_rate, whose denominator assumes the full block):
+                                          rate(dflash_accepted_tokens_total[1m]) / rate(dflash_draft_tokens_total[1m])
+  dflash_accepted_tokens_total            draft tokens accepted.
+                                          Mean acceptance length (tokens committed per request-step):
+                                          1 + rate(dflash_accepted_tokens_total[1m]) / rate(dflash_verify_steps_total[1m])
+  dflash_accepted_tokens_by_position_total{position}
+                                          draft tokens accepted at position j (1-based after the anchor).
+  dflash_tried_tokens_by_position_total{position}
+                                          draft tokens verified at position j with positions < j accepted, i.e.
+                                          the chances position j had. Realised conditional acceptance p_j:
+                                          rate(dflash_accepted_tokens_by_position_total[5m])
+                                            / rate(dflash_tried_tokens_by_position_total[5m])
+  dflash_block_size_steps_total{block_size}
+                                          decode steps (batches) run at verify width b. Share of steps:
+                                          sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
+                                            / ignoring(block_size) group_left sum(rate(dflash_block_size_steps_total[5m]))
+  dflash_block_size_switches_total        decisions that changed b. Flapping: rate(dflash_block_size_switches_total[5m])
+  dflash_controller_errors_total          controller feedback failures (logged; serving continues at the last b).
+Gauges:
+  dflash_block_size                       verify width of the latest decode step.
+  dflash_predicted_goodput_tokens_per_second
+                                          the controller's predicted committed tokens/s of the batch at its choice.
+                                          Realised: rate(sglang:generation_tokens_total[1m]); ratio = model error.
+  dflash_acceptance_probability{position} the controller's global p_j (hindsight-corrected, not censored by b).
+  dflash_step_cost_seconds{batch_bucket,block_size}
+                                          the active step-cost table T(B, b) the controller decides with.
+Histograms:
+  dflash_step_seconds{block_size}         wall time of one decode step (draft + verify + draft-KV append).
+                                          p50: histogram_quantile(0.5, sum by (le, block_size) (rate(dflash_step_seconds_bucket[5m])))
+  dflash_committed_tokens_per_step        tokens committed per request-step (accepted + 1).
+                                          mean: rate(dflash_committed_tokens_per_step_sum[1m]) / rate(dflash_committed_tokens_per_step_count[1m])
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+_STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
+
+
+class DFlashMetrics:
+    """The worker's metric families, children pre-resolved so a step costs a few dict-free increments."""
+
+    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int]) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = {"model_name": model_name}
+        names = ["model_name"]
+        self.max_block = int(max_block)
+        positions = [str(j) for j in range(1, self.max_block)]
+
+        def counter(name, doc, extra=()):
+            return Counter(name, doc, names + list(extra))
+
+        def gauge(name, doc, extra=()):
+            return Gauge(name, doc, names + list(extra), multiprocess_mode="mostrecent")
+
+        self.verify_steps = counter("dflash_verify_steps", "Request-steps verified").labels(**labels)
+        self.draft_tokens = counter("dflash_draft_tokens", "Draft tokens offered to the verifier").labels(**labels)
+        self.accepted = counter("dflash_accepted_tokens", "Draft tokens accepted").labels(**labels)
+        by_pos = counter("dflash_accepted_tokens_by_position", "Draft tokens accepted at position j", ["position"])
+        tried = counter("dflash_tried_tokens_by_position",
+                        "Draft tokens verified at position j with every earlier position accepted", ["position"])
+        self.accepted_by_pos = [by_pos.labels(position=p, **labels) for p in positions]
+        self.tried_by_pos = [tried.labels(position=p, **labels) for p in positions]
+        steps = counter("dflash_block_size_steps", "Decode steps run at verify width b", ["block_size"])
+        self.block_steps = {b: steps.labels(block_size=str(b), **labels) for b in candidates}
+        self.switches = counter("dflash_block_size_switches", "Verify-width changes").labels(**labels)
+        self.errors = counter("dflash_controller_errors", "Controller feedback failures").labels(**labels)
+        self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
+        self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
+                             "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
+        p = gauge("dflash_acceptance_probability", "Controller's global conditional acceptance p_j", ["position"])
+        self.p = [p.labels(position=pos, **labels) for pos in positions]
+        self._cost = gauge("dflash_step_cost_seconds", "Active step-cost table T(B, b)", ["batch_bucket", "block_size"])
+        self._labels = labels
+        step_seconds = Histogram("dflash_step_seconds", "Decode step wall time", names + ["block_size"],
+                                 buckets=_STEP_BUCKETS)
+        self.step_seconds = {b: step_seconds.labels(block_size=str(b), **labels) for b in candidates}
+        self.committed = Histogram("dflash_committed_tokens_per_step", "Tokens committed per request-step", names,
+                                   buckets=tuple(float(k) for k in range(1, self.max_block + 1))).labels(**labels)
+
+    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, seconds: float | None,
+                    predicted_goodput: float) -> None:
+        """One verified decode step. ``accepted``: draft tokens accepted per request (int array)."""
+        b = int(block_size)
+        n = int(accepted.shape[0])
+        total = int(accepted.sum())
+        self.verify_steps.inc(n)
+        self.draft_tokens.inc(n * (b - 1))
+        self.accepted.inc(total)
+        if b > 1:
+            # at_least[j] = requests with accepted >= j: accepted at position j, and tried at position j + 1
+            at_least = np.cumsum(np.bincount(accepted, minlength=b)[::-1])[::-1]
+            for j in range(1, b):
+                self.tried_by_pos[j - 1].inc(int(at_least[j - 1]))
+                if at_least[j]:
+                    self.accepted_by_pos[j - 1].inc(int(at_least[j]))
+        self.block_steps[b].inc()
+        if switched:
+            self.switches.inc()
+        self.block_size.set(b)
+        self.goodput.set(predicted_goodput)
+        if seconds is not None:
+            self.step_seconds[b].observe(seconds)
+        for k, c in enumerate(np.bincount(accepted + 1, minlength=self.max_block + 1)):
+            for _ in range(int(c)):
+                self.committed.observe(k)
+
+    def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
+                     table: np.ndarray) -> None:
+        """The controller's model: global p_j and the active cost table (after every cost-table sync)."""
+        for g, v in zip(self.p, acceptance):
+            g.set(float(v))
+        for i, bb in enumerate(batch_buckets):
+            for k, b in enumerate(block_sizes):
+                v = float(table[i, k])
+                if np.isfinite(v):
+                    self._cost.labels(batch_bucket=str(bb), block_size=str(b), **self._labels).set(v)

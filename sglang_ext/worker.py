@@ -1,0 +1,427 @@
+"""AdaptiveDFlashWorker: upstream's DFlash worker with a verify width chosen every decode step.
+
+Each decode step:
+  1. the controller picks the verify width b from the batch (``decide``), identically on every TP rank;
+  2. the drafter runs over its FULL trained block B (upstream's draft model, draft attention and draft CUDA graph):
+     positions < b attend to the mask tokens after them exactly as in training, so acceptance per position does
+     not depend on b. At b = 1 the draft forward is skipped except on the controller's periodic probes;
+  3. the target verifies the prefix [anchor, d_1 .. d_{b-1}] (TARGET_VERIFY at width b, its KV written to the
+     first b slots of the step's window);
+  4. the target's hidden states of the committed tokens are appended to the draft KV cache (every step, b = 1
+     included), so the draft context stays current.
+KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
+runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized.
+
+Feedback without a device sync: the step's drafted block and committed tokens are copied to the host
+asynchronously; SGLang calls ``on_verify_complete_cpu`` after its own copy-done sync, in launch order, and the
+worker then feeds the controller (acceptance, hindsight), the cost learner (step time, rank 0) and Prometheus.
+
+Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino), a
+draft sliding window and hybrid (mamba) targets are refused at start-up with the fix (serve with ``dflash``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import sglang.srt.speculative.dflash_worker_v2 as upstream
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+from sglang_ext.controller.cost_model import CostModel
+from sglang_ext.controller.policy import BlockSizeController, Decision
+from sglang_ext.settings import AdaptiveSettings
+from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
+
+logger = logging.getLogger(__name__)
+_RECENT_FINISHED = 4096
+
+
+class StepTimer:
+    """Wall time of a step without adding a device sync: CUDA events read after SGLang's copy-done sync on GPU,
+    perf_counter on CPU (where the forward is synchronous)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def start(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return [ev, None]
+        return [time.perf_counter(), None]
+
+    def stop(self, token: list) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            token[1] = ev
+        else:
+            token[1] = time.perf_counter()
+
+    def seconds(self, token: list) -> float | None:
+        start, end = token
+        if end is None:
+            return None
+        if self.cuda:
+            if not end.query():  # never block the scheduler for a metric
+                return None
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+
+@dataclass
+class _Pending:
+    """A launched decode step waiting for its results on the host."""
+
+    rids: list[str]
+    decision: Decision
+    drafted: torch.Tensor | None  # host [bs, B - 1] (async copy), None when the draft was skipped
+    committed: torch.Tensor  # host [bs, b] (async copy): accepted drafts then the bonus token
+    timer: list
+
+
+class AdaptiveDFlashWorker(DFlashWorkerV2):
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker) -> None:
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._refuse_unsupported()
+        self.max_block = int(self.block_size)  # the trained block B; self.block_size is upstream's and stays B
+        self.settings = AdaptiveSettings.from_env()
+        cfg = self.settings.controller
+        if not self.settings.learn_costs:  # exploring measures unmeasured cells: pointless when nothing is learnt
+            cfg = dataclasses.replace(cfg, explore_margin=0.0)
+        candidates = [b for b in cfg.candidates if b <= self.max_block]
+        cost = (CostModel.from_profile(self.settings.cost_profile, candidates, ema=cfg.cost_ema)
+                if self.settings.cost_profile else CostModel.default(candidates, ema=cfg.cost_ema))
+        self._tp_rank = int(upstream.get_parallel().tp_rank)
+        self.controller = BlockSizeController(cfg, cost, max_block=self.max_block, is_rank0=self._tp_rank == 0)
+        self._tp_group = upstream.get_parallel().tp_group
+        self._timer = StepTimer(upstream.is_cuda())
+        self._pending: deque[_Pending] = deque()
+        self._finished: deque[str] = deque(maxlen=_RECENT_FINISHED)
+        self._finished_set: set[str] = set()
+        self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
+        self._width = self.max_block  # verify width of the step in flight (see _accept_block)
+        self.metrics = None
+        if getattr(server_args, "enable_metrics", False) and self._tp_rank == 0:
+            from sglang_ext.metrics import DFlashMetrics
+
+            name = server_args.served_model_name or server_args.model_path
+            self.metrics = DFlashMetrics(name, self.max_block, self.controller.candidates)
+            self._publish_model()
+        if self._tp_rank == 0:
+            logger.info("dflash-serve DFLASH_ADAPTIVE: block %d, candidates %s, mode %s, cost profile %s",
+                        self.max_block, self.controller.candidates, cfg.mode,
+                        self.settings.cost_profile or "packaged roofline")
+
+    def _refuse_unsupported(self) -> None:
+        fix = "serve this pair with speculative.algorithm: dflash"
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            raise ValueError(f"DFLASH_ADAPTIVE supports plain DFlash drafters; this drafter has a "
+                             f"selector/LiLiCorr/Domino head: {fix}")
+        if self.use_compact_draft_cache:
+            raise ValueError(f"DFLASH_ADAPTIVE does not support a draft window (speculative_draft_window_size); "
+                             f"unset it or {fix}")
+        if upstream.get_parallel().attn_dp_enabled:
+            raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
+
+    # -- start-up ----------------------------------------------------------------------------------------------
+    def init_attention_backends(self) -> None:
+        super().init_attention_backends()
+        if self._need_mamba_verify_commit:
+            raise ValueError("DFLASH_ADAPTIVE does not support hybrid (mamba) targets: serve this pair with "
+                             "speculative.algorithm: dflash")
+
+    def init_cuda_graphs(self) -> None:
+        super().init_cuda_graphs()  # the draft graphs (full block) and upstream's start-up state
+        if upstream.is_cuda():
+            self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.controller.candidates),
+                                                            self.max_block)
+
+    def prewarm_sampling(self):
+        result = super().prewarm_sampling()
+        if upstream.is_cuda() and upstream.is_dflash_sampling_verify_available():
+            # chain-verify buffers are keyed by width: size every width before anything borrows graph memory
+            for b in self.controller.candidates:
+                upstream._get_or_create_chain_verify_buffers(bs=self._prewarm_batch_size(b), draft_token_num=b,
+                                                             device=torch.device(self.device))
+        return result
+
+    # -- upstream buffers, made width-aware ----------------------------------------------------------------------
+    def _next_accept_bonus_buffers(self, bs: int):
+        """Upstream sizes out_tokens [cap, B] and hands out [:bs] rows; a width-b accept needs a contiguous
+        [bs, b] view of the same storage."""
+        accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._next_accept_bonus_buffers(bs)
+        w = self._width
+        if w != self.max_block:
+            out_tokens = out_tokens.view(-1)[: bs * w].view(bs, w)
+        return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
+
+    def _accept_block(self, **kwargs):
+        # upstream reads self.block_size as the verify width in the greedy accept (target_predict.view(bs, B))
+        self.block_size = self._width
+        try:
+            return super()._accept_block(**kwargs)
+        finally:
+            self.block_size = self.max_block
+
+    # -- the decode step ---------------------------------------------------------------------------------------
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        mode = batch.forward_mode
+        if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                                    pp_proxy_tensors=pp_proxy_tensors)
+        self._validate_phase1_sampling_support(batch)
+        rids = [req.rid for req in batch.reqs]
+        decision = self.controller.decide(rids)
+        timer = self._timer.start()
+        self._verify_runtimes.activate(decision.block_size)
+        result, drafted, committed = self._decode(batch, decision, on_publish, grammar_barrier)
+        self._timer.stop(timer)
+        self._pending.append(_Pending(rids, decision, drafted, committed, timer))
+        return result
+
+    def _decode(self, batch, decision: Decision, on_publish, grammar_barrier):
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, upstream.DFlashDraftInputV2):
+            raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs, B, b = len(batch.seq_lens), self.max_block, decision.block_size
+        window = self._plan_window(batch, draft_input, bs)
+        tokens = self._draft_block_tokens_buf[:bs]  # [bs, B]: anchor, then the drafted block
+        tokens[:, 0].copy_(draft_input.bonus_tokens)
+        drafted = None
+        if decision.draft_full:
+            tokens[:, 1:].copy_(self._draft(batch, window, bs))
+            drafted = tokens[:, 1:].to("cpu", non_blocking=True)
+        cand = tokens if b == B else tokens[:, :b].contiguous()
+        result = self._verify(batch, draft_input, window, cand, b, bs, on_publish, grammar_barrier)
+        committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
+        return result, drafted, committed
+
+    def _plan_window(self, batch, draft_input, bs: int) -> dict:
+        """The step's KV window of B slots per request (upstream's block preparation, unchanged)."""
+        B = self.max_block
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        prefix_lens = batch.seq_lens
+        positions_2d = self._draft_block_positions_buf[:bs]
+        loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        prepared = False
+        if self._use_triton_prepare_block:
+            try:
+                upstream._prepare_dflash_draft_block_unchecked(
+                    bonus_tokens=draft_input.bonus_tokens.view(-1), prefix_lens=prefix_lens.view(-1),
+                    req_pool_indices=batch.req_pool_indices.view(-1), req_to_token=req_to_token,
+                    block_ids_out=block_ids, positions_out=positions_2d, cache_loc_out=loc_2d,
+                    mask_token_id=int(self._mask_token_id))
+                prepared = True
+            except Exception as e:  # same policy as upstream: fall back to eager for good
+                self._use_triton_prepare_block = False
+                logger.warning("DFLASH Triton prepare_block failed; falling back to eager path: %s", e)
+        if not prepared:
+            block_ids.fill_(int(self._mask_token_id))
+            block_ids[:, 0].copy_(draft_input.bonus_tokens)
+            torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+            loc = upstream.assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
+                end_offset=prefix_lens + B, batch_size=bs, draft_token_num=B, device=self.device)
+            loc_2d.copy_(loc.view(bs, B))
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=loc_2d.reshape(-1), read_extent=B)
+        return {"block_ids": block_ids, "positions_2d": positions_2d, "loc_2d": loc_2d, "plan": plan,
+                "prefix_lens": prefix_lens}
+
+    def _host_kv_bound(self, batch, draft_input, bs: int, width: int):
+        """(seq_lens_cpu, sum): a host upper bound of each request's KV length during a width-`width` forward."""
+        if batch.seq_lens_cpu is not None:
+            lens = batch.seq_lens_cpu + width
+            return lens, int(lens.sum())
+        if draft_input.nxt_kv_lens_cpu is not None:  # GPU-only backend: the reservation is a safe over-estimate
+            return draft_input.nxt_kv_lens_cpu, int(draft_input.nxt_kv_lens_sum)
+        lens = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
+        return lens, int(lens.sum())
+
+    def _draft(self, batch, window: dict, bs: int) -> torch.Tensor:
+        """Upstream's draft forward over the full block -> greedy draft tokens [bs, B - 1]."""
+        B = self.max_block
+        target_model = self.target_worker.model_runner.model
+        embed = upstream.unwrap_lora_layer(upstream._resolve_dflash_embedding_module(self.draft_model, target_model))
+        lm_head = upstream.unwrap_lora_layer(getattr(target_model, "lm_head", None))
+        block_ids = window["block_ids"]
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            noise = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        lens, lens_sum = self._host_kv_bound(batch, batch.spec_info, bs, B)
+        seq_lens_cpu.copy_(lens)
+        forward_batch = upstream.ForwardBatch(
+            forward_mode=upstream.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices, seq_lens=window["prefix_lens"],
+            out_cache_loc=window["loc_2d"].reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
+            positions=window["positions_2d"].reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH, spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=upstream.CaptureHiddenMode.NULL,
+            num_token_non_padded=(torch.full((), bs * B, dtype=torch.int32, device=self.device)
+                                  if upstream.enable_num_token_non_padded() else None),
+            global_num_token_non_padded_cpu=bs * B, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
+        window["plan"].bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
+            out = self.draft_model_runner.forward(forward_batch)
+        if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
+            return self._draft_sampler.out[: bs * (B - 1)].view(bs, B - 1)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH draft model returned no hidden states.")
+        hidden = hidden.view(bs, B, -1)
+        with upstream.draft_tp_context(self.draft_parallel_layout):
+            return self._greedy_sample_from_vocab_parallel_head(
+                hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, B - 1)
+
+    def _verify(self, batch, draft_input, window: dict, cand: torch.Tensor, b: int, bs: int, on_publish,
+                grammar_barrier):
+        """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b)."""
+        cols = slice(0, b)  # this step writes the first b slots of its B-slot window
+        plan, prefix_lens = window["plan"], window["prefix_lens"]
+        positions = window["positions_2d"][:, :b].reshape(-1)
+        grammar_tree = upstream.GrammarTree.from_linear_chain(cand) if batch.has_grammar else None
+        verify_input = upstream.DFlashVerifyInput(
+            draft_token=cand.reshape(-1), positions=positions, draft_token_num=b, custom_mask=None,
+            capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=plan, kv_loc_cols=cols)
+        batch.out_cache_loc = window["loc_2d"][:, :b].reshape(-1)
+        sampling_info = batch.sampling_info
+        saved = batch.seq_lens_cpu, batch.seq_lens_sum
+        if batch.seq_lens_cpu is not None or draft_input.nxt_kv_lens_cpu is not None:
+            batch.seq_lens_cpu, batch.seq_lens_sum = self._host_kv_bound(batch, draft_input, bs, b)
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker, defer_metadata_init=False)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_batch, is_verify=True,
+            skip_attn_backend_init=None if upstream._is_npu else True)
+        logits_output = target_out.logits_output
+        target_predict = None
+        lp = self._target_logits_processor
+        if lp is not None and lp.is_deferred_shard(logits_output.next_token_logits):
+            if self._can_skip_verify_logits(batch, sampling_info):
+                target_predict = lp.deferred_argmax(logits_output.next_token_logits)
+                logits_output.next_token_logits = None
+            else:
+                logits_output.next_token_logits = lp.finish_deferred_gather(logits_output.next_token_logits)
+        grammar_mask = None
+        if batch.has_grammar:
+            grammar_mask = upstream.build_grammar_vocab_mask(
+                reqs=batch.reqs, tree=grammar_tree, sampling_info=sampling_info,
+                device=logits_output.next_token_logits.device, barrier=grammar_barrier)
+        if sampling_info is not None and target_predict is None:
+            upstream.apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info, draft_token_num=b)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits_output.next_token_logits)
+
+        self._width = b
+        try:
+            accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_block(
+                candidates=cand, next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info,
+                draft_input=draft_input, prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)
+        finally:
+            self._width = self.max_block
+        mask_capture = upstream.SpeculativeSamplingMaskCapture.from_logits(
+            sampling_info, next_token_logits=logits_output.next_token_logits, draft_input=draft_input,
+            draft_token_num=b, bs=bs)
+        if mask_capture is not None:
+            logits_output.sampling_mask_output = mask_capture.build_output(out_tokens=out_tokens,
+                                                                           commit_lens=commit_lens)
+        if batch.return_logprob:
+            upstream.compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=b)
+        if new_seq_lens is None:
+            new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
+        hidden = hidden.view(bs, b, -1)
+        cache_loc = plan.write_ids(self.draft_model_runner.kv_index_translator, cols=cols)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, b), positions=positions, commit_lens=commit_lens)
+        logits_output.hidden_states = None
+        return upstream.GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=b,  # the scheduler's row stride of next_token_ids
+            new_seq_lens=new_seq_lens, routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output)
+
+    # -- feedback (host side, after SGLang's copy-done sync) --------------------------------------------------------
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
+        step = self._pop_pending(batch_size)
+        if step is None:
+            return
+        try:
+            self._observe(step, np.asarray(num_correct_drafts_per_req, dtype=np.int64))
+        except Exception:  # a controller fault must not take serving down: keep the last width, say so
+            logger.exception("dflash-serve: controller feedback failed (serving continues)")
+            if self.metrics is not None:
+                self.metrics.errors.inc()
+
+    def _pop_pending(self, batch_size: int) -> _Pending | None:
+        # Results arrive in launch order; a step whose result SGLang never processed is dropped here.
+        while self._pending:
+            step = self._pending.popleft()
+            if len(step.rids) == batch_size:
+                return step
+            logger.warning("dflash-serve: dropping feedback of a %d-request step (got %d)", len(step.rids),
+                           batch_size)
+        return None
+
+    def _observe(self, step: _Pending, accepted: np.ndarray) -> None:
+        d, ctl = step.decision, self.controller
+        committed = step.committed.numpy()
+        ctl.observe_step(step.rids, d.block_size, accepted,
+                         None if step.drafted is None else step.drafted.numpy(),
+                         [row[: a + 1] for row, a in zip(committed, accepted)])
+        for rid in step.rids:  # a request that finished while this step was in flight
+            if rid in self._finished_set:
+                ctl.finish(rid)
+        seconds = self._timer.seconds(step.timer)
+        if seconds is not None and self._tp_rank == 0 and self.settings.learn_costs:
+            ctl.observe_step_time(len(step.rids), d.block_size, seconds, draft_full=d.draft_full)
+        synced = False
+        if ctl.cost_sync_due:
+            ctl.sync_cost_table(self._broadcast if self._tp_group.world_size > 1 else None)
+            synced = True
+        if self.metrics is not None:
+            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
+                                     seconds=seconds, predicted_goodput=d.predicted_goodput)
+            if synced:
+                self._publish_model()
+
+    def _broadcast(self, payload):
+        return self._tp_group.broadcast_object(payload, src=0)
+
+    def _publish_model(self) -> None:
+        cost = self.controller.cost_model
+        self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
+                                  cost.block_sizes, cost.table)
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.controller.finish(rid)
+        if len(self._finished) == self._finished.maxlen:
+            self._finished_set.discard(self._finished[0])
+        self._finished.append(rid)
+        self._finished_set.add(rid)

@@ -1,0 +1,137 @@
+"""DFLASH_ADAPTIVE against real CPU servers: lossless at every verify width and while switching, Prometheus
+counters that agree with SGLang's own per-request accounting, and a controller that moves the width with load."""
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import PROMPTS, default_config
+from tests.integration.test_lossless import ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue
+
+pytestmark = pytest.mark.server
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+def adaptive_config(pair, **adaptive) -> dict:
+    cfg = default_config(pair, algorithm="dflash_adaptive", draft_model_path=pair["drafter"])
+    cfg["speculative"]["adaptive"] = adaptive
+    return cfg
+
+
+def scrape(server, name: str) -> dict[str, float]:
+    """{label string: value} of one metric family (all series)."""
+    out = {}
+    for line in server.metrics().splitlines():
+        m = re.match(rf"^{name}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def by_label(series: dict[str, float], label: str) -> dict[str, float]:
+    return {re.search(rf'{label}="([^"]+)"', k).group(1): v for k, v in series.items()}
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(plain_server, prompt_ids):
+    return [plain_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0)["output_ids"] for ids in prompt_ids]
+
+
+@pytest.fixture(scope="module")
+def scheduled_server(server_factory, tiny_pair):
+    """Batch size n verifies at width WIDTHS[n - 1]: one server covers every fixed width."""
+    schedule = {n + 1: b for n, b in enumerate(WIDTHS)}
+    return server_factory(adaptive_config(tiny_pair, mode="schedule", schedule=schedule), "adaptive-schedule")
+
+
+@pytest.fixture(scope="module")
+def cycling_server(server_factory, tiny_pair):
+    """Switches the verify width every decode step (1, 2, 4, 8, 16, 1, ...), b = 1 skipping the draft."""
+    return server_factory(adaptive_config(tiny_pair, mode="cycle"), "adaptive-cycle")
+
+
+def test_greedy_equals_plain_at_every_fixed_width(scheduled_server, plain_greedy, prompt_ids):
+    before = by_label(scrape(scheduled_server, "dflash_block_size_steps_total"), "block_size")
+    for n, b in enumerate(WIDTHS, start=1):
+        out = scheduled_server.generate(prompt_ids[:n], max_new_tokens=MAX_NEW, temperature=0)
+        out = out if isinstance(out, list) else [out]
+        assert [r["output_ids"] for r in out] == plain_greedy[:n], f"width {b} (batch {n}) changed the output"
+    steps = delta(by_label(scrape(scheduled_server, "dflash_block_size_steps_total"), "block_size"), before)
+    assert all(steps[str(b)] > 0 for b in WIDTHS), steps  # every width really ran
+
+
+def test_greedy_equals_plain_switching_width_every_step(cycling_server, plain_greedy, prompt_ids):
+    single = [cycling_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+    assert [r["output_ids"] for r in single] == plain_greedy
+    assert max(r["meta_info"]["spec_accept_length"] for r in single) > 1.5
+    batched = cycling_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+    assert [r["output_ids"] for r in batched] == plain_greedy
+    assert sum(scrape(cycling_server, "dflash_block_size_switches_total").values()) > 100
+
+
+def test_sampling_is_lossless_while_switching_width(cycling_server, plain_server, tokenizer):
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    spec, accept = _sample_tokens(cycling_server, ids, SAMPLES)
+    base, _ = _sample_tokens(plain_server, ids, SAMPLES)
+    assert sum(accept) / len(accept) > 1.05, "no draft accepted: the test would not exercise verification"
+    for pos in (1, 2):
+        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        assert p > ALPHA, f"token {pos + 1} distribution differs between adaptive DFlash and plain (p={p:.2e})"
+
+
+def test_counters_agree_with_sglang_per_request_accounting(cycling_server, prompt_ids):
+    names = ["dflash_verify_steps_total", "dflash_accepted_tokens_total", "dflash_draft_tokens_total",
+             "dflash_committed_tokens_per_step_sum", "dflash_committed_tokens_per_step_count"]
+    before = {n: sum(scrape(cycling_server, n).values()) for n in names}
+    out = cycling_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+    d = {n: sum(scrape(cycling_server, n).values()) - before[n] for n in names}
+    verify_ct = sum(r["meta_info"]["spec_verify_ct"] for r in out)
+    correct = sum(r["meta_info"]["spec_num_correct_drafts"] for r in out)
+    assert d["dflash_verify_steps_total"] == verify_ct
+    assert d["dflash_accepted_tokens_total"] == correct
+    assert d["dflash_committed_tokens_per_step_count"] == verify_ct
+    assert d["dflash_committed_tokens_per_step_sum"] == verify_ct + correct
+    # cycle mode verifies widths 1, 2, 4, 8, 16 in turn: offered drafts lie between all-b=1 and all-b=16
+    assert 0 < d["dflash_draft_tokens_total"] < 15 * verify_ct
+    assert correct <= d["dflash_draft_tokens_total"]
+    p = by_label(scrape(cycling_server, "dflash_acceptance_probability"), "position")
+    assert set(p) == {str(j) for j in range(1, 16)} and all(0.0 <= v <= 1.0 for v in p.values())
+
+
+def test_controller_moves_width_with_load(server_factory, tiny_pair, prompt_ids, tmp_path):
+    """Cost profile: at batch 1 every width costs the same (wide wins); from batch 5 on cost grows with the width
+    (b = 1 wins). Online learning off so the landscape is the profile's."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "batch_buckets": [1, 4, 64], "block_sizes": list(WIDTHS),
+        "seconds": [[0.01] * 5, [0.01, 0.012, 0.015, 0.02, 0.03], [0.01, 0.03, 0.06, 0.12, 0.24]]}))
+    server = server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
+                            "adaptive-load")
+
+    def steps():
+        return by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
+
+    before = steps()
+    server.generate(prompt_ids[0], max_new_tokens=96, temperature=0)
+    alone = delta(steps(), before)
+    assert alone["16"] >= 0.8 * sum(alone.values()), alone
+
+    before = steps()
+    batch = (prompt_ids * 6)[:32]
+    with ThreadPoolExecutor(32) as pool:  # 32 concurrent clients
+        list(pool.map(lambda ids: server.generate(ids, max_new_tokens=96, temperature=0), batch))
+    loaded = delta(steps(), before)
+    assert loaded["1"] >= 0.6 * sum(loaded.values()), loaded
+    assert sum(scrape(server, "dflash_block_size_switches_total").values()) >= 1
