@@ -58,8 +58,10 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128,
 class DFlashMetrics:
     """The worker's metric families, children pre-resolved so a step costs a few dict-free increments."""
 
-    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int]) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        registry = REGISTRY if registry is None else registry
 
         labels = {"model_name": model_name}
         names = ["model_name"]
@@ -67,10 +69,10 @@ class DFlashMetrics:
         positions = [str(j) for j in range(1, self.max_block)]
 
         def counter(name, doc, extra=()):
-            return Counter(name, doc, names + list(extra))
+            return Counter(name, doc, names + list(extra), registry=registry)
 
         def gauge(name, doc, extra=()):
-            return Gauge(name, doc, names + list(extra), multiprocess_mode="mostrecent")
+            return Gauge(name, doc, names + list(extra), multiprocess_mode="mostrecent", registry=registry)
 
         self.verify_steps = counter("dflash_verify_steps", "Request-steps verified").labels(**labels)
         self.draft_tokens = counter("dflash_draft_tokens", "Draft tokens offered to the verifier").labels(**labels)
@@ -92,10 +94,11 @@ class DFlashMetrics:
         self._cost = gauge("dflash_step_cost_seconds", "Active step-cost table T(B, b)", ["batch_bucket", "block_size"])
         self._labels = labels
         step_seconds = Histogram("dflash_step_seconds", "Decode step wall time", names + ["block_size"],
-                                 buckets=_STEP_BUCKETS)
+                                 buckets=_STEP_BUCKETS, registry=registry)
         self.step_seconds = {b: step_seconds.labels(block_size=str(b), **labels) for b in candidates}
         self.committed = Histogram("dflash_committed_tokens_per_step", "Tokens committed per request-step", names,
-                                   buckets=tuple(float(k) for k in range(1, self.max_block + 1))).labels(**labels)
+                                   buckets=tuple(float(k) for k in range(1, self.max_block + 1)),
+                                   registry=registry).labels(**labels)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, seconds: float | None,
                     predicted_goodput: float) -> None:

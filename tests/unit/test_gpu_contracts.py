@@ -1,0 +1,136 @@
+"""The GPU-only calls of the adaptive worker, pinned to the installed SGLang.
+
+CUDA graph capture per verify width (sglang_ext/verify_runtimes.py) and the Triton/CUDA branches of the worker
+cannot run on this machine. Every upstream name they call, and every keyword they pass, is checked here against
+the installed SGLang's signatures, so an upgrade that renames or reshapes one fails CI instead of a GPU server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# (importable path of a callable, keyword / positional names the plugin passes to it)
+CALLS = [
+    # verify_runtimes.capture_verify_runtimes
+    ("sglang.srt.model_executor.model_runner:ModelRunner._get_attention_backend", ["init_new_workspace"]),
+    ("sglang.srt.model_executor.runner:DecodeCudaGraphRunner.__init__",
+     ["model_runner", "attn_backend", "speculative_num_steps", "speculative_num_draft_tokens"]),
+    ("sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.bind_and_verify_backends", ["backends"]),
+    ("sglang.srt.model_executor.cuda_graph_config:check_cuda_graph_backend", ["phase", "backend"]),
+    ("sglang.srt.runtime_context:RuntimeContext.override", ["source", "speculative_num_draft_tokens"]),
+    # worker: prewarm of chain-verify buffers per width (CUDA)
+    ("sglang.srt.speculative.dflash_worker_v2:_get_or_create_chain_verify_buffers", ["bs", "draft_token_num", "device"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._prewarm_batch_size", ["block_size"]),
+    # worker: Triton block preparation (CUDA) and its eager fallback
+    ("sglang.srt.speculative.dflash_worker_v2:_prepare_dflash_draft_block_unchecked",
+     ["bonus_tokens", "prefix_lens", "req_pool_indices", "req_to_token", "block_ids_out", "positions_out",
+      "cache_loc_out", "mask_token_id"]),
+    ("sglang.srt.speculative.dflash_worker_v2:assign_extend_cache_locs_func",
+     ["req_pool_indices", "req_to_token", "start_offset", "end_offset", "batch_size", "draft_token_num", "device"]),
+    # worker: the decode step (shared by CPU and GPU; pinned so the GPU branches stay in step)
+    ("sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.plan",
+     ["req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent"]),
+    ("sglang.srt.mem_cache.kv_loc_plan:KVLocPlan.write_ids", ["reader", "cols"]),
+    ("sglang.srt.mem_cache.kv_loc_plan:KVLocPlan.bind", ["batch", "reader"]),
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.__init__",
+     ["draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode", "kv_loc_plan",
+      "kv_loc_cols"]),
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify",
+     ["batch", "target_worker", "defer_metadata_init"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._accept_block",
+     ["candidates", "next_token_logits", "sampling_info", "draft_input", "prefix_lens", "bs", "target_predict"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._next_accept_bonus_buffers", ["bs"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc",
+     ["target_hidden", "cache_loc", "cache_loc_2d", "positions", "commit_lens"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._greedy_sample_from_vocab_parallel_head",
+     ["hidden_states", "lm_head"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._make_next_draft_input_decode",
+     ["bonus_tokens", "new_seq_lens"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.forward_batch_generation",
+     ["batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"]),
+    ("sglang.srt.speculative.dflash_worker_v2:apply_dflash_verify_logits_adjustments",
+     ["next_token_logits", "sampling_info", "draft_token_num"]),
+    ("sglang.srt.speculative.dflash_worker_v2:SpeculativeSamplingMaskCapture.from_logits",
+     ["sampling_info", "next_token_logits", "draft_input", "draft_token_num", "bs"]),
+    ("sglang.srt.speculative.dflash_worker_v2:compute_spec_logprobs", ["batch", "logits_output", "chain_stride"]),
+    ("sglang.srt.speculative.dflash_worker_v2:build_grammar_vocab_mask",
+     ["reqs", "tree", "sampling_info", "device", "barrier"]),
+    ("sglang.srt.speculative.dflash_worker_v2:GenerationBatchResult.__init__",
+     ["logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph", "next_draft_input",
+      "speculative_num_draft_tokens", "new_seq_lens", "routed_experts_output", "indexer_topk_output"]),
+    # feedback hooks the scheduler calls on the worker
+    ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.on_verify_complete_cpu",
+     ["num_correct_drafts_per_req", "batch_size"]),
+    ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.note_request_finished", ["rid", "natural_stop"]),
+]
+
+# attributes/source facts the plugin relies on: (module:object, substring of its source)
+SOURCES = [
+    # the scheduler feeds accept counts to the worker after its copy-done sync (no sync of our own needed)
+    ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+     "self.model_worker.on_verify_complete_cpu("),
+    ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor.process_batch_result_decode",
+     "result.copy_done.synchronize()"),
+    # the scheduler's row stride of next_token_ids is the result's width
+    ("sglang.srt.managers.scheduler_components.batch_result_processor:_get_speculative_output_stride",
+     "result.speculative_num_draft_tokens"),
+    # upstream's greedy accept reads self.block_size as the verify width (the worker sets it around the call)
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._accept_block",
+     "target_predict.view(bs, int(self.block_size))"),
+    # per-request KV reservation uses the published (maximum) width, which the worker never changes
+    ("sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2.prepare_for_decode",
+     "speculative_num_draft_tokens"),
+    ("sglang.srt.model_executor.model_runner:ModelRunner.__init__", "self.init_new_workspace"),
+]
+
+PROBE = r"""
+import importlib, inspect, json, sys
+calls, sources = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+
+def resolve(path):
+    mod, _, attr = path.partition(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+out = {"calls": {}, "sources": {}}
+for path, names in calls:
+    try:
+        params = inspect.signature(resolve(path)).parameters
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        out["calls"][path] = [n for n in names if n not in params and not var_kw]
+    except Exception as e:
+        out["calls"][path] = f"{type(e).__name__}: {e}"
+for path, needle in sources:
+    try:
+        out["sources"][path] = needle in inspect.getsource(resolve(path))
+    except Exception as e:
+        out["sources"][path] = f"{type(e).__name__}: {e}"
+from sglang.srt.arg_groups.arg_utils import namespace_of
+from sglang.srt.server_args import ServerArgs
+out["leaf"] = "speculative_num_draft_tokens" in namespace_of(ServerArgs)
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _probe() -> dict:
+    env = dict(os.environ, DFLASH_SERVE_CPU="1")
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CALLS), json.dumps(SOURCES)], capture_output=True,
+                       text=True, env=env, cwd=REPO, timeout=300)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, r.stderr[-3000:]
+    return json.loads(line[len("RESULT"):])
+
+
+def test_gpu_only_calls_match_installed_sglang():
+    out = _probe()
+    broken = {path: missing for path, missing in out["calls"].items() if missing != []}
+    assert broken == {}, f"upstream signature changed (missing parameters): {broken}"
+    stale = {path: ok for path, ok in out["sources"].items() if ok is not True}
+    assert stale == {}, f"upstream behaviour the worker relies on changed: {stale}"
+    assert out["leaf"], "speculative_num_draft_tokens is no longer an overridable config leaf"
