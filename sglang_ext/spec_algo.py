@@ -59,7 +59,43 @@ def _worker_factory(server_args):
     return AdaptiveDFlashWorker
 
 
+def _forces_eagle_topk_one_as_dflash() -> None:
+    """arg_groups/model_override_base.py `_forces_eagle_topk_one` matches DFLASH by name. It runs before
+    `_handle_dflash` sets topk = 1 and, on SM100/SM103, picks the default target attention backend (trtllm_mha for
+    DFLASH, flashinfer otherwise): DFLASH_ADAPTIVE must get DFLASH's answer (tests/unit/test_algorithm_name_sites.py)."""
+
+    def patch(mob: ModuleType) -> None:
+        original = mob._forces_eagle_topk_one
+        if getattr(original, "__wrapped__", None) is not None:
+            return
+
+        def _forces_eagle_topk_one(speculative_algorithm) -> bool:
+            return str(speculative_algorithm).upper() == ALGORITHM or original(speculative_algorithm)
+
+        _forces_eagle_topk_one.__wrapped__ = original
+        mob._forces_eagle_topk_one = _forces_eagle_topk_one  # looked up at call time by get_default_attn_backend
+
+    when_imported("sglang.srt.arg_groups.model_override_base", patch)
+
+
+def _fpm_spec_decode_snapshot() -> None:
+    """metrics_reporter `snapshot_spec_decode_metrics` takes its pre-settle decode-KV snapshot only for the enum
+    members in _SPEC_DECODE_SNAPSHOT_ALGORITHMS (forward-pass metrics); add ours next to DFLASH."""
+
+    def patch(mr: ModuleType) -> None:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        algo = SpeculativeAlgorithm.from_string(ALGORITHM)
+        if algo not in mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS:
+            mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS = (*mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS, algo)
+
+    when_imported("sglang.srt.managers.scheduler_components.metrics_reporter", patch)
+
+
 def install() -> None:
+    _forces_eagle_topk_one_as_dflash()
+    _fpm_spec_decode_snapshot()
+
     def register(spec_info: ModuleType) -> None:
         from sglang.srt.speculative import spec_registry
 
