@@ -85,6 +85,10 @@ class ManagedServer:
         body = {"input_ids": input_ids, "sampling_params": {"ignore_eos": True, **sampling}}
         return http_json(f"{self.url}/generate", body, timeout=900)
 
+    def generate_text(self, text, **sampling):
+        body = {"text": text, "sampling_params": {"ignore_eos": True, **sampling}}
+        return http_json(f"{self.url}/generate", body, timeout=900)
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
             return r.read().decode()
