@@ -93,9 +93,6 @@ def _fpm_spec_decode_snapshot() -> None:
 
 
 def install() -> None:
-    _forces_eagle_topk_one_as_dflash()
-    _fpm_spec_decode_snapshot()
-
     def register(spec_info: ModuleType) -> None:
         from sglang.srt.speculative import spec_registry
 
@@ -105,3 +102,7 @@ def install() -> None:
                                                 spec_class=_make_spec_class(spec_info))(_worker_factory)
 
     when_imported("sglang.srt.speculative.spec_info", register)
+    # after the registration hook: in the scheduler process these modules are already imported, the hooks run at
+    # once, and the snapshot patch looks the algorithm up by name
+    _forces_eagle_topk_one_as_dflash()
+    _fpm_spec_decode_snapshot()

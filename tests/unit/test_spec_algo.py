@@ -33,3 +33,24 @@ def test_answers_every_predicate_as_builtin_dflash():
     assert out["answers"]["is_dflash"] == [True, True] and out["answers"]["is_dflash_family"] == [True, True]
     assert out["has_future_map"] and out["has_platform_cls"]
     assert out["disagg_borrowed"]  # CustomSpecAlgo's stub returns None: DFlash disaggregation needs the enum's
+
+
+LATE = r"""
+import json
+import sglang.srt.managers.scheduler_components.metrics_reporter as mr  # imported before the plugin registers,
+import sglang.srt.arg_groups.model_override_base as mob                 # as in SGLang's scheduler process
+import sglang_ext.plugin as plugin
+plugin.register()
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+ours = S.from_string("DFLASH_ADAPTIVE")
+print("RESULT" + json.dumps({"snapshot": ours in mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS,
+                             "topk_one": mob._forces_eagle_topk_one("DFLASH_ADAPTIVE")}))
+"""
+
+
+def test_registers_and_patches_when_sglang_modules_are_already_imported():
+    env = dict(os.environ, DFLASH_SERVE_CPU="1")
+    r = subprocess.run([sys.executable, "-c", LATE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, r.stderr[-3000:]
+    assert json.loads(line[len("RESULT"):]) == {"snapshot": True, "topk_one": True}
