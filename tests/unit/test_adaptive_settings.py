@@ -127,3 +127,17 @@ def test_metrics_count_request_steps_positions_and_widths():
     assert _value(reg, "dflash_step_cost_seconds", batch_bucket="8", block_size="1") == 0.02
     assert reg.get_sample_value("dflash_step_cost_seconds",
                                 {"model_name": "m", "batch_bucket": "8", "block_size": "16"}) is None
+
+
+def test_dashboard_contract_is_what_the_worker_exports():
+    """tests/deploy exercises rules and dashboards against this contract: it must be the worker's real metric set."""
+    from tests.deploy.fake_dflash import CONTRACT
+
+    reg = CollectorRegistry()
+    DFlashMetrics("m", 16, (1, 2, 4, 8, 16), registry=reg).record_model(np.zeros(15), [1], [1], np.ones((1, 1)))
+    exported = {}
+    for family in reg.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {label for s in family.samples for label in s.labels} - {"model_name", "le"}
+        exported[name] = (family.type, labels)
+    assert exported == {n: (kind, set(labels)) for n, (kind, labels) in CONTRACT.items()}

