@@ -4,7 +4,7 @@ Every configuration runs through a real `dflash-serve` server, one server at a t
   no-spec            speculative.algorithm none
   fixed-b            dflash_adaptive, mode fixed (full-block draft, verify width b)
   adaptive           dflash_adaptive, mode adaptive, seeded with the step costs measured by the fixed runs
-At each concurrency C a closed loop of C clients sends `--requests` greedy requests (default max(16, 2C)) of
+At each concurrency C a closed loop of C clients sends `--requests` greedy requests (default max(12, C)) of
 `--max-new` tokens (ignore_eos, so every configuration decodes the same number of tokens).
 
 The fixed runs also measure the cost model's inputs: step time per (batch, width) from `dflash_step_seconds` and
@@ -152,7 +152,7 @@ def run_config(cfg: dict, name: str, prompts, levels, max_new: int, requests: in
         server.generate(prompts[0], max_new_tokens=8, temperature=0)  # warm-up
         points = []
         for c in levels:
-            p = run_point(server, prompts, c, requests or max(16, 2 * c), max_new)
+            p = run_point(server, prompts, c, requests or max(12, c), max_new)
             points.append(p)
             log(f"{name} C={c}: {p['tokens_per_s']:.1f} tok/s ({p['requests']} requests, {p['errors']} errors"
                 + (f", accept {p['accept_length']:.2f}" if p["accept_length"] else "")
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 50])
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=None, help="requests per point (default max(16, 2C))")
+    ap.add_argument("--requests", type=int, default=None, help="requests per point (default max(12, C))")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/adaptive_throughput_cpu.json")
     a = ap.parse_args(argv)

@@ -73,7 +73,7 @@ def drafter_config(target_cfg: dict, *, num_layers: int, block_size: int, target
         "vocab_size": target_cfg["vocab_size"],
         "max_position_embeddings": target_cfg["max_position_embeddings"],
         "rms_norm_eps": target_cfg.get("rms_norm_eps", 1e-6),
-        "rope_theta": target_cfg.get("rope_theta", 10000.0),
+        "rope_theta": target_cfg.get("rope_theta", (target_cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         "hidden_act": "silu",
         "attention_bias": False,
         "tie_word_embeddings": False,

@@ -1,4 +1,4 @@
-"""`dflash-serve`: serve, check, and build the test model pair."""
+"""`dflash-serve`: serve, check, build the test model pair, and train the bundled pair."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +39,12 @@ def _make_test_models(a: argparse.Namespace) -> int:
     return 0
 
 
+def _build_models(a: argparse.Namespace) -> int:
+    from dflash_models import build
+
+    return build.run(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-serve", description="Serve DFlash speculative decoding on SGLang.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -54,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("make-test-models", help="create the tiny random test pair (seconds)")
     m.add_argument("out_dir")
     m.set_defaults(func=_make_test_models)
+    b = sub.add_parser("build-models", help="train the bundled target + DFlash drafter from scratch on CPU (~75 min)")
+    from dflash_models.build import add_arguments
+
+    add_arguments(b)
+    b.set_defaults(func=_build_models)
     return p
 
 

@@ -11,15 +11,27 @@ from service.process import ManagedServer
 REPO = Path(__file__).resolve().parents[1]
 
 
+BUNDLED = REPO / "models" / "tiny-code"
+
+
 @pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory) -> dict[str, Path]:
-    """The deterministic tiny pair (models/tiny-random if the installer made it, else built now)."""
+def random_pair(tmp_path_factory) -> dict[str, Path]:
+    """The deterministic random pair (models/tiny-random if the installer made it, else built now)."""
     ready = REPO / "models" / "tiny-random"
     if (ready / "drafter" / "model.safetensors").is_file():
         return {"target": ready / "target", "drafter": ready / "drafter"}
     from dflash_models import tiny
 
     return tiny.build(tmp_path_factory.mktemp("tiny"), log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(request) -> dict[str, Path]:
+    """The pair the servers under test run: the bundled trained pair (models/tiny-code, what the
+    default config serves), or the random pair if a checkout lacks it."""
+    if (BUNDLED / "drafter" / "model.safetensors").is_file():
+        return {"target": BUNDLED / "target", "drafter": BUNDLED / "drafter"}
+    return request.getfixturevalue("random_pair")
 
 
 def default_config(pair: dict[str, Path], **speculative) -> dict:
