@@ -41,7 +41,8 @@ Gauges:
   dflash_step_cost_seconds{batch_bucket,block_size}
                                           the active step-cost table T(B, b) the controller decides with.
 Histograms:
-  dflash_step_seconds{block_size}         wall time of one decode step (draft + verify + draft-KV append).
+  dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
+                                          (draft + verify + draft-KV append + SGLang's result processing).
                                           p50: histogram_quantile(0.5, sum by (le, block_size) (rate(dflash_step_seconds_bucket[5m])))
   dflash_committed_tokens_per_step        tokens committed per request-step (accepted + 1).
                                           mean: rate(dflash_committed_tokens_per_step_sum[1m]) / rate(dflash_committed_tokens_per_step_count[1m])
@@ -100,8 +101,7 @@ class DFlashMetrics:
                                    buckets=tuple(float(k) for k in range(1, self.max_block + 1)),
                                    registry=registry).labels(**labels)
 
-    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, seconds: float | None,
-                    predicted_goodput: float) -> None:
+    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array)."""
         b = int(block_size)
         n = int(accepted.shape[0])
@@ -121,8 +121,6 @@ class DFlashMetrics:
             self.switches.inc()
         self.block_size.set(b)
         self.goodput.set(predicted_goodput)
-        if seconds is not None:
-            self.step_seconds[b].observe(seconds)
         for k, c in enumerate(np.bincount(accepted + 1, minlength=self.max_block + 1)):
             for _ in range(int(c)):
                 self.committed.observe(k)

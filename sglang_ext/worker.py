@@ -14,7 +14,8 @@ runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for
 
 Feedback without a device sync: the step's drafted block and committed tokens are copied to the host
 asynchronously; SGLang calls ``on_verify_complete_cpu`` after its own copy-done sync, in launch order, and the
-worker then feeds the controller (acceptance, hindsight), the cost learner (step time, rank 0) and Prometheus.
+worker then feeds the controller (acceptance, hindsight) and Prometheus. The cost learner (rank 0) gets the full
+step time, measured on the host between consecutive decode steps.
 
 Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino), a
 draft sliding window and hybrid (mamba) targets are refused at start-up with the fix (serve with ``dflash``).
@@ -43,39 +44,6 @@ logger = logging.getLogger(__name__)
 _RECENT_FINISHED = 4096
 
 
-class StepTimer:
-    """Wall time of a step without adding a device sync: CUDA events read after SGLang's copy-done sync on GPU,
-    perf_counter on CPU (where the forward is synchronous)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def start(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return [ev, None]
-        return [time.perf_counter(), None]
-
-    def stop(self, token: list) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            token[1] = ev
-        else:
-            token[1] = time.perf_counter()
-
-    def seconds(self, token: list) -> float | None:
-        start, end = token
-        if end is None:
-            return None
-        if self.cuda:
-            if not end.query():  # never block the scheduler for a metric
-                return None
-            return start.elapsed_time(end) / 1000.0
-        return end - start
-
-
 @dataclass
 class _Pending:
     """A launched decode step waiting for its results on the host."""
@@ -84,7 +52,6 @@ class _Pending:
     decision: Decision
     drafted: torch.Tensor | None  # host [bs, B - 1] (async copy), None when the draft was skipped
     committed: torch.Tensor  # host [bs, b] (async copy): accepted drafts then the bonus token
-    timer: list
 
 
 class AdaptiveDFlashWorker(DFlashWorkerV2):
@@ -102,7 +69,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         self._tp_rank = int(upstream.get_parallel().tp_rank)
         self.controller = BlockSizeController(cfg, cost, max_block=self.max_block, is_rank0=self._tp_rank == 0)
         self._tp_group = upstream.get_parallel().tp_group
-        self._timer = StepTimer(upstream.is_cuda())
+        self._last_decode: tuple[float, int, Decision] | None = None  # (start, bs, decision) of the last decode step
         self._pending: deque[_Pending] = deque()
         self._finished: deque[str] = deque(maxlen=_RECENT_FINISHED)
         self._finished_set: set[str] = set()
@@ -173,19 +140,37 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
 
     # -- the decode step ---------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        now = time.perf_counter()
         mode = batch.forward_mode
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
+            self._last_decode = None  # the next decode step does not follow a decode step: no step time
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                     pp_proxy_tensors=pp_proxy_tensors)
+        if self._last_decode is not None:
+            self._record_step_time(now - self._last_decode[0], *self._last_decode[1:])
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
         decision = self.controller.decide(rids)
-        timer = self._timer.start()
+        self._last_decode = (now, len(rids), decision)
         self._verify_runtimes.activate(decision.block_size)
         result, drafted, committed = self._decode(batch, decision, on_publish, grammar_barrier)
-        self._timer.stop(timer)
-        self._pending.append(_Pending(rids, decision, drafted, committed, timer))
+        self._pending.append(_Pending(rids, decision, drafted, committed))
         return result
+
+    def _record_step_time(self, seconds: float, bs: int, decision: Decision) -> None:
+        """The full step time T(B, b): from one decode step's start to the next's (draft, verify, draft-KV append,
+        and the scheduler's result processing and scheduling in between, which grow with the committed tokens).
+        Host clock only: on GPU the host reaches the next launch after the previous step's copy-done sync, so in
+        steady state the interval is the device step, with no sync of our own."""
+        if self._tp_rank != 0:
+            return
+        try:
+            if self.settings.learn_costs:
+                self.controller.observe_step_time(bs, decision.block_size, seconds, draft_full=decision.draft_full)
+            if self.metrics is not None:
+                self.metrics.step_seconds[decision.block_size].observe(seconds)
+        except Exception:
+            logger.exception("dflash-serve: step-time feedback failed (serving continues)")
 
     def _decode(self, batch, decision: Decision, on_publish, grammar_barrier):
         draft_input = batch.spec_info
@@ -398,16 +383,13 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         for rid in step.rids:  # a request that finished while this step was in flight
             if rid in self._finished_set:
                 ctl.finish(rid)
-        seconds = self._timer.seconds(step.timer)
-        if seconds is not None and self._tp_rank == 0 and self.settings.learn_costs:
-            ctl.observe_step_time(len(step.rids), d.block_size, seconds, draft_full=d.draft_full)
         synced = False
         if ctl.cost_sync_due:
             ctl.sync_cost_table(self._broadcast if self._tp_group.world_size > 1 else None)
             synced = True
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                     seconds=seconds, predicted_goodput=d.predicted_goodput)
+                                     predicted_goodput=d.predicted_goodput)
             if synced:
                 self._publish_model()
 

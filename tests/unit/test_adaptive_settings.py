@@ -108,8 +108,8 @@ def test_metrics_count_request_steps_positions_and_widths():
     reg = CollectorRegistry()
     m = DFlashMetrics("m", 16, (1, 2, 4, 8, 16), registry=reg)
     # a width-4 step of 3 requests accepting 0, 2 and 3 drafts, then a width-1 step of 2 requests
-    m.record_step(block_size=4, switched=False, accepted=np.array([0, 2, 3]), seconds=0.01, predicted_goodput=100.0)
-    m.record_step(block_size=1, switched=True, accepted=np.array([0, 0]), seconds=0.002, predicted_goodput=90.0)
+    m.record_step(block_size=4, switched=False, accepted=np.array([0, 2, 3]), predicted_goodput=100.0)
+    m.record_step(block_size=1, switched=True, accepted=np.array([0, 0]), predicted_goodput=90.0)
     assert _value(reg, "dflash_verify_steps_total") == 5
     assert _value(reg, "dflash_draft_tokens_total") == 3 * 3
     assert _value(reg, "dflash_accepted_tokens_total") == 5
@@ -121,6 +121,7 @@ def test_metrics_count_request_steps_positions_and_widths():
     assert _value(reg, "dflash_block_size") == 1 and _value(reg, "dflash_predicted_goodput_tokens_per_second") == 90
     assert _value(reg, "dflash_committed_tokens_per_step_count") == 5
     assert _value(reg, "dflash_committed_tokens_per_step_sum") == 5 + 5
+    m.step_seconds[4].observe(0.01)
     assert _value(reg, "dflash_step_seconds_count", block_size="4") == 1
     m.record_model(np.linspace(0.9, 0.1, 15), [1, 8], [1, 16], np.array([[0.01, 0.02], [0.02, np.nan]]))
     assert _value(reg, "dflash_acceptance_probability", position="1") == pytest.approx(0.9)
