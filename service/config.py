@@ -51,6 +51,13 @@ class ServerConfig(_Strict):
                             "makes OpenMP spin and is many times slower.")
     max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens.")
     max_running_requests: int | None = Field(None, gt=0)
+    max_request_bytes: int | None = Field(
+        2 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above it); null: no limit. "
+                                           "Bounds the CPU a single request can spend in tokenization.")
+    shutdown_grace_seconds: float = Field(
+        50, gt=0, description="After SIGTERM/SIGINT, how long in-flight requests may take to finish (new ones "
+                              "get 503) before the launcher kills the server. Keep it below the orchestrator's "
+                              "own grace period (compose stop_grace_period).")
 
     @field_validator("cpu_threads")
     @classmethod

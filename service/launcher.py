@@ -1,7 +1,9 @@
 """Start `sglang serve` for a validated config, with the plugin, environment and arguments.
 
 The launcher stays in the foreground as the server's parent: it forwards SIGTERM/SIGINT to
-the server (which drains in-flight requests) and exits with the server's status.
+the server (which finishes in-flight requests and refuses new ones with 503), kills the server's
+process group if it is still draining after `server.shutdown_grace_seconds`, and exits with the
+server's status (137 after such a kill).
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from service import preflight, sglang_args
-from sglang_ext import cpu, serve_entry
+from sglang_ext import cpu, http_guard, serve_entry
 from sglang_ext.settings import ENV_VAR as ADAPTIVE_ENV_VAR
 from service.config import ConfigError, Device, ServeConfig
 
@@ -53,6 +56,7 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     else:
         env.pop(CPU_ENV_VAR, None)
     env.pop(ADAPTIVE_ENV_VAR, None)
+    env[http_guard.ENV_VAR] = http_guard.HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
     if config.speculative.algorithm == "dflash_adaptive":
         env[ADAPTIVE_ENV_VAR] = config.speculative.adaptive_settings().to_json()
     return env
@@ -60,6 +64,9 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
 
 def check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As uvicorn binds: a port whose last server just exited (connections in TIME_WAIT) is free to
+        # reuse; without this a restart was refused for up to a minute. A listening socket still refuses.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
@@ -100,11 +107,36 @@ def run(launch: LaunchPlan, config: ServeConfig) -> int:
     print(f"dflash-serve: starting {launch.printable()}", file=sys.stderr, flush=True)
     # Own process group: a terminal's Ctrl-C reaches us once, and we forward it once.
     child = subprocess.Popen(launch.argv, env=launch.env, start_new_session=True)
+    return supervise(child, config.server.shutdown_grace_seconds)
+
+
+KILLED_STATUS = 128 + signal.SIGKILL
+
+
+def supervise(child: subprocess.Popen, grace_seconds: float) -> int:
+    """Wait for `child` (a process-group leader), forwarding SIGTERM/SIGINT; once signalled, give it
+    `grace_seconds` to drain, then SIGKILL its whole group (SGLang's scheduler and detokenizer too)."""
+    deadline: list[float] = []
 
     def forward(signum, _frame):
         if child.poll() is None:
             child.send_signal(signum)
+            if not deadline:
+                deadline.append(time.monotonic() + grace_seconds)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    return child.wait()
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if deadline and time.monotonic() > deadline[0]:
+            print(f"dflash-serve: server still draining {grace_seconds:g}s after the stop signal "
+                  f"(server.shutdown_grace_seconds); killing it", file=sys.stderr, flush=True)
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            child.wait()
+            return KILLED_STATUS

@@ -30,9 +30,15 @@ def http_json(url: str, body: dict | None = None, headers: dict | None = None, t
 class ManagedServer:
     """`dflash-serve serve` for `config` (a dict, as in the YAML) on a free loopback port."""
 
-    def __init__(self, config: dict, workdir: Path, name: str, startup_timeout: float | None = None):
+    def __init__(self, config: dict, workdir: Path, name: str, startup_timeout: float | None = None,
+                 env: dict[str, str] | None = None, host: str | None = "127.0.0.1"):
+        """`env`: extra environment for the server (e.g. its API key variable). `host=None` keeps the config's
+        `server.host` (the schema's default when it has none); the URL is always loopback."""
         self.port = free_port()
-        config = {**config, "server": {**config.get("server", {}), "port": self.port, "host": "127.0.0.1"}}
+        server = {**config.get("server", {}), "port": self.port}
+        if host is not None:
+            server["host"] = host
+        config = {**config, "server": server}
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(json.loads(json.dumps(config, default=str))))
@@ -40,11 +46,22 @@ class ManagedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout or float(os.environ.get("DFLASH_STARTUP_TIMEOUT", "300"))
         self.proc: subprocess.Popen | None = None
+        self.env = env
 
     def start(self) -> "ManagedServer":
+        return self.spawn().wait_ready()
+
+    def spawn(self) -> "ManagedServer":
+        """Start the process without waiting for it (`wait_ready()` waits)."""
         log = self.log_path.open("w")
+        env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "-c", str(self.config_path)],
-                                     stdout=log, stderr=subprocess.STDOUT)
+                                     stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_ready(self) -> "ManagedServer":
+        """Poll /health until it answers 200 (SGLang: after its warm-up generate succeeded)."""
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -55,7 +72,7 @@ class ManagedServer:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
-            time.sleep(1)
+            time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"server not healthy after {self.startup_timeout:.0f}s:\n{self.log_tail()}")
 

@@ -17,9 +17,13 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_ext import cpu, redaction, spec_algo
+    from sglang_ext import cpu, dflash_headroom, http_guard, idle_metrics, redaction, request_validation, spec_algo
 
     redaction.install()
+    request_validation.install()
+    dflash_headroom.install()
+    idle_metrics.install()
+    http_guard.install()  # only under dflash-serve (DFLASH_SERVE_HTTP set by the launcher)
     spec_algo.install()
 
     if cpu.is_active():

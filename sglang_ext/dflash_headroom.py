@@ -1,0 +1,67 @@
+"""Size the req_to_token rows for DFlash's decode reserve (all devices; DFLASH and DFLASH_ADAPTIVE).
+
+SGLang 0.5.23 gives every req_to_token row `context_len + 4 + speculative_num_draft_tokens` slots
+(mem_cache/allocation_sizing.py `get_req_to_token_extra_context_len`, marked FIXME upstream), widening it for the
+decode over-allocation only when page_size > 1 or for UNO. DFlash's decode step reserves `2 * block_size` slots
+past the committed length (speculative/dflash_info_v2.py `prepare_for_decode`: `reserve = 2 * block_size`). A
+request that decodes close to the context length -- any request without `max_tokens` whose model does not stop,
+e.g. `{"messages": [...], "ignore_eos": true}` -- then writes past its row: on CPU `IndexError: index 4116 is out of
+bounds for dimension 1 with size 4116` in the scheduler kills the server; on GPU the Triton kernel
+(`assign_req_to_token_pool`, masked only by the range end) writes into the next request's row (another request's
+KV mapping) or past the tensor. Found by the property-based run (tests/integration/test_reliability_serving.py);
+reproduced with builtin DFLASH and DFLASH_ADAPTIVE. The fix widens the rows by the reserve (int32 per slot: 2 *
+block + page - 1 + 4 more slots per request row, bytes).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from sglang_ext.imports import when_imported
+
+_MARK = "__dflash_serve_headroom__"
+SIZING = "sglang.srt.mem_cache.allocation_sizing"
+CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator"
+
+
+def dflash_extra(num_draft_tokens: int, page_size: int) -> int:
+    """Row headroom DFlash's decode needs: its 2x-block reserve, page rounding, and upstream's 4 spare slots."""
+    return 2 * num_draft_tokens + max(page_size, 1) - 1 + 4
+
+
+def _wrap(sizing: ModuleType):
+    original = sizing.get_req_to_token_extra_context_len
+    if getattr(original, _MARK, False):
+        return original
+
+    def get_req_to_token_extra_context_len() -> int:
+        extra = original()
+        from sglang.srt.runtime_context import get_spec
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        name = get_spec().speculative_algorithm
+        if name is None or not SpeculativeAlgorithm.from_string(name).is_dflash():
+            return extra
+        block = sizing.max_speculative_num_draft_tokens() or 0
+        return max(extra, dflash_extra(block, sizing.get_alloc_page_size()))
+
+    setattr(get_req_to_token_extra_context_len, _MARK, True)
+    get_req_to_token_extra_context_len.__wrapped__ = original
+    return get_req_to_token_extra_context_len
+
+
+def _patch_sizing(sizing: ModuleType) -> None:
+    sizing.get_req_to_token_extra_context_len = _wrap(sizing)
+
+
+def _patch_configurator(configurator: ModuleType) -> None:
+    # imported by name at module import: rebind its global as well
+    import importlib
+
+    sizing = importlib.import_module(SIZING)
+    _patch_sizing(sizing)
+    configurator.get_req_to_token_extra_context_len = sizing.get_req_to_token_extra_context_len
+
+
+def install() -> None:
+    when_imported(SIZING, _patch_sizing)
+    when_imported(CONFIGURATOR, _patch_configurator)

@@ -1,0 +1,386 @@
+"""HTTP hardening of SGLang's server (all devices), installed from the plugin into the HTTP server process.
+
+Active only under `dflash-serve` (the launcher sets ``DFLASH_SERVE_HTTP``, JSON settings); a plain `sglang serve`
+in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests/integration/test_reliability_*):
+
+1. **Error shape.** Error responses come in five shapes: ``{"object": "error", "message", "type", "param",
+   "code"}`` (flat: ``OpenAIServingBase.create_error_response`` and the HTTPException / RequestValidationError
+   handlers), ``{"error": "Unauthorized"}`` (utils/auth.py), ``{"detail": ...}`` (Starlette 404/405/413),
+   ``text/plain`` "Internal Server Error", and the OpenAI shape for /v1/responses. Every error response with a body
+   leaves as ``{"error": {"message", "type", "param", "code"}}`` (code = the HTTP status, as in SGLang's in-stream
+   errors). /v1/messages (Anthropic's shape) and /v1/systemone (documented 422 list) are left alone.
+2. **Validation messages** were ``str(exc)``: they echo the client's input (prompt text) and name server files
+   (``File "/.../http_server.py", line 1870``). Now ``loc: msg`` per error, with ``param`` set.
+3. **Body limit** (``max_request_bytes``): 413 from the Content-Length header before anything parses the body,
+   and while reading a chunked body. Without it a 4 MB prompt is tokenized (14 s of CPU on the test machine)
+   before the context-length check rejects it. The rest of the body is read and dropped (up to DRAIN_CAP) before
+   the answer, so clients see the 413 instead of a connection reset.
+4. **Non-object JSON bodies** (``[1, 2]``) got a 500: ``ChatCompletionRequest``'s before-validator calls ``.get``.
+5. **Unknown models** were served (any ``model`` string answered 200). The generation endpoints now answer 404
+   ``model_not_found`` unless the name is the served name, ``<served>:<lora adapter>`` or a loaded adapter.
+6. **Draining.** After SIGTERM SGLang reports /health 503 but keeps admitting new requests, and its drain waits
+   until no request is left -- under steady load it never ends. New requests now get 503 with ``Retry-After``;
+   in-flight ones finish (the launcher bounds the wait: ``server.shutdown_grace_seconds``).
+
+The middleware wraps the whole Starlette stack (outside SGLang's API-key middleware and Starlette's
+ServerErrorMiddleware), so it sees every response, 401 and 500 included. It is pure ASGI and hands the original
+``receive`` on after replaying a buffered body, so SGLang still sees client disconnects.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from sglang_ext.imports import when_imported
+
+ENV_VAR = "DFLASH_SERVE_HTTP"
+DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+logger = logging.getLogger(__name__)
+
+# Answered by SGLang in another API's error format: leave their errors as they are.
+FOREIGN_ERROR_SHAPES = ("/v1/messages", "/v1/systemone")
+# Probes keep answering while draining (SGLang's /health says 503 itself).
+PROBES = ("/health", "/ready", "/metrics")
+MODEL_CHECKED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_BODY_METHODS = ("POST", "PUT", "PATCH")
+_MAX_ERROR_BODY = 256 * 1024
+DRAIN_CAP = 32 * 1024 * 1024  # most of a refused body read (and dropped) so the client sees the 413
+_FILE_LINE = re.compile(r'\s*File "[^"]*", line \d+[^\n]*')
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES
+    check_model: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "HttpSettings | None":
+        raw = environ.get(ENV_VAR)
+        if not raw:
+            return None
+        d = json.loads(raw)
+        limit = d.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
+        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+            raise ValueError(f"{ENV_VAR}: max_request_bytes must be a positive integer or null, got {limit!r}")
+        return cls(limit, bool(d.get("check_model", True)))
+
+
+# ---------------------------------------------------------------------------------------------- error bodies
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(status: int, message: str, param: str | None = None, type_: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_ or error_type(status), "param": param,
+                                 "code": status}}).encode()
+
+
+def _clean(message: Any) -> str:
+    text = message if isinstance(message, str) else json.dumps(message, default=str)
+    text = _FILE_LINE.sub("", text).strip()
+    return text[:2000] + "..." if len(text) > 2000 else text
+
+
+def _validation_message(errors) -> tuple[str, str | None]:
+    """`loc: msg; ...` without the offending input; param = the first error's field path."""
+    parts, param = [], None
+    for err in errors or []:
+        if err.get("type") == "json_invalid":
+            parts.append(f"the request body is not valid JSON ({(err.get('ctx') or {}).get('error', 'decode error')})")
+            continue
+        raw_loc = list(err.get("loc") or ())
+        if raw_loc == ["body"] and err.get("type") == "missing":
+            parts.append("the request body is missing")
+            continue
+        loc = [str(p) for p in raw_loc if p not in ("body", "query", "header", "path")]
+        # pydantic's union branches appear in the path as type names ("list[str]"): not a field
+        loc = [p for p in loc if not re.search(r"[\[\]]", p) and p not in ("str", "int", "float", "bool")]
+        where = ".".join(loc)
+        param = param or where or None
+        msg = (err.get("msg") or "invalid value").strip()
+        parts.append(f"{where}: {msg}" if where else msg)
+    text = "; ".join(dict.fromkeys(parts)) or "invalid request"
+    return (text[:1000] + "..." if len(text) > 1000 else text), param
+
+
+def normalise_error(status: int, content_type: str, body: bytes) -> bytes | None:
+    """The OpenAI-shaped body for an error response, or None to leave it unchanged."""
+    if not body.strip():
+        return None
+    data: Any = None
+    if "json" in content_type:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            if {"message", "type", "param", "code"} <= set(err):
+                return None
+            return error_body(status, _clean(err["message"]), err.get("param"), err.get("type"))
+        if isinstance(err, str):
+            return error_body(status, _clean(err))
+        if "message" in data:
+            param = data.get("param") if isinstance(data.get("param"), str) else None
+            return error_body(status, _clean(data["message"]), param)
+        if "detail" in data:
+            detail = data["detail"]
+            if isinstance(detail, list):
+                message, param = _validation_message(detail)
+                return error_body(status, message, param)
+            return error_body(status, _clean(detail))
+        return error_body(status, _clean(data))
+    text = body.decode("utf-8", "replace").strip()
+    if status >= 500 and text in ("Internal Server Error", ""):
+        text = "Internal server error"
+    return error_body(status, _clean(text))
+
+
+# ---------------------------------------------------------------------------------------------- middleware
+
+def _header(scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers") or ():
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+async def _respond(send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _TooLarge(Exception):
+    def __init__(self, body_done: bool = False):
+        super().__init__()
+        self.body_done = body_done  # the client has sent its whole body already
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class HttpGuard:
+    """Outermost ASGI middleware; `tokenizer_manager()` returns SGLang's (None before start-up)."""
+
+    def __init__(self, app, settings: HttpSettings, tokenizer_manager):
+        self.app = app
+        self.settings = settings
+        self.tokenizer_manager = tokenizer_manager
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if path.startswith(FOREIGN_ERROR_SHAPES):
+            return await self.app(scope, receive, send)
+        tm = self.tokenizer_manager()
+        if tm is not None and getattr(tm, "gracefully_exit", False) and not path.startswith(PROBES):
+            return await _respond(send, 503, error_body(
+                503, "the server is shutting down and accepts no new requests; retry on another instance"),
+                [(b"retry-after", b"5"), (b"connection", b"close")])
+
+        limit = self.settings.max_request_bytes
+        if method in _BODY_METHODS:
+            length = _header(scope, b"content-length")
+            if limit is not None and length is not None and length.strip().isdigit() and int(length) > limit:
+                return await self._too_large(scope, receive, send, limit)
+            ctype = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
+            if ctype == "application/json" or ctype.endswith("+json"):
+                try:
+                    body = await self._read_body(receive, limit)
+                except _TooLarge as e:
+                    return await self._too_large(scope, receive, send, limit, body_done=e.body_done)
+                except _ClientGone:
+                    return None
+                refusal = self._check_body(path, body, tm)
+                if refusal is not None:
+                    return await _respond(send, *refusal)
+                receive = _replay(body, receive)
+        await self.app(scope, receive, self._normalising_send(send))
+
+    async def _too_large(self, scope, receive, send, limit: int, body_done: bool = False) -> None:
+        # Read and drop what the client is still sending (bounded; costs bandwidth, not tokenization): a socket
+        # closed with unread data is reset by the kernel, and clients then report the reset, not this 413. A
+        # client that asked `Expect: 100-continue` has sent nothing and gets the answer at once.
+        if not body_done and (_header(scope, b"expect") or "").strip().lower() != "100-continue":
+            size = 0
+            while size <= DRAIN_CAP:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None
+                size += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        await _respond(send, 413, error_body(
+            413, f"request body larger than {limit} bytes (server.max_request_bytes)"), [(b"connection", b"close")])
+
+    @staticmethod
+    async def _read_body(receive, limit: int | None) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client left before sending the body
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise _TooLarge(body_done=not message.get("more_body", False))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _check_body(self, path: str, body: bytes, tm) -> tuple[int, bytes] | None:
+        head = body.lstrip()[:1]
+        if head and head != b"{":
+            try:
+                json.loads(body)
+            except ValueError:
+                return None  # not JSON at all: SGLang's own validation error (400), reshaped on the way out
+            return 400, error_body(400, "the request body must be a JSON object")
+        if not self.settings.check_model or tm is None or path not in MODEL_CHECKED:
+            return None
+        try:
+            model = json.loads(body).get("model")
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(model, str) or _model_known(tm, model):
+            return None
+        return 404, error_body(404, f"The model `{model}` does not exist; this server serves "
+                                    f"`{tm.served_model_name}` (GET /v1/models)", "model", "invalid_request_error")
+
+    @staticmethod
+    def _normalising_send(send):
+        held: dict | None = None
+        chunks: list[bytes] = []
+
+        async def wrapped(message):
+            nonlocal held
+            kind = message["type"]
+            if kind == "http.response.start":
+                if message["status"] >= 400:
+                    held = message
+                    return
+                return await send(message)
+            if kind == "http.response.body" and held is not None:
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+                if more and sum(map(len, chunks)) < _MAX_ERROR_BODY:
+                    return
+                start, held = held, None
+                body = b"".join(chunks)
+                chunks.clear()
+                headers = list(start.get("headers") or [])
+                new = None
+                if not more:
+                    ctype = next((v.decode("latin-1") for k, v in headers if k.lower() == b"content-type"), "")
+                    try:
+                        new = normalise_error(start["status"], ctype.lower(), body)
+                    except Exception:  # never turn an error response into a crash
+                        logger.exception("dflash-serve: could not reshape an error response")
+                if new is not None:
+                    body = new
+                    headers = [(k, v) for k, v in headers if k.lower() not in (b"content-type", b"content-length")]
+                    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({**start, "headers": headers})
+                return await send({"type": "http.response.body", "body": body, "more_body": more})
+            return await send(message)
+
+        return wrapped
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # http.disconnect when the client leaves: SGLang aborts on it
+
+    return replayed
+
+
+def _model_known(tm, model: str) -> bool:
+    served = getattr(tm, "served_model_name", None)
+    if served is None or model == served or model.startswith(f"{served}:"):
+        return True
+    try:
+        return model in {ref.lora_name for ref in tm.lora_registry.get_all_adapters().values()}
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- installation
+
+def _validation_handler(original):
+    async def handler(request, exc):
+        if request.url.path.startswith(FOREIGN_ERROR_SHAPES):
+            return await original(request, exc)
+        from starlette.responses import Response
+
+        errors = exc.errors()
+        if any(list(e.get("loc") or ())[:2] == ["header", "content-type"] for e in errors):
+            return Response(error_body(415, "Content-Type must be application/json", "content-type"),
+                            status_code=415, media_type="application/json")
+        message, param = _validation_message(errors)
+        return Response(error_body(400, message, param), status_code=400, media_type="application/json")
+
+    handler.__dflash_serve__ = True
+    return handler
+
+
+def _patch(hs: ModuleType, settings: HttpSettings) -> None:
+    app = hs.app
+    if getattr(app, "__dflash_serve_guarded__", False):
+        return
+    from fastapi.exceptions import RequestValidationError
+
+    original = app.exception_handlers.get(RequestValidationError)
+    if original is not None:
+        app.exception_handlers[RequestValidationError] = _validation_handler(original)
+    if settings.max_request_bytes is not None and hasattr(app, "max_body_size"):
+        app.max_body_size = settings.max_request_bytes  # FastAPI's own limit: bodies this middleware does not read
+
+    def tokenizer_manager():
+        state = getattr(hs, "_global_state", None)
+        return getattr(state, "tokenizer_manager", None)
+
+    build = app.build_middleware_stack
+
+    def build_middleware_stack():
+        return HttpGuard(build(), settings, tokenizer_manager)
+
+    app.build_middleware_stack = build_middleware_stack
+    app.__dflash_serve_guarded__ = True
+
+
+def install(environ: Mapping[str, str] = os.environ) -> bool:
+    settings = HttpSettings.from_env(environ)
+    if settings is None:
+        return False
+    when_imported("sglang.srt.entrypoints.http_server", lambda hs: _patch(hs, settings))
+    return True

@@ -1,0 +1,111 @@
+"""Client mistakes that SGLang 0.5.23 turns into a dead server or a 500, refused as 400 instead (all devices).
+
+Found by the property-based run against the OpenAPI document (tests/integration/test_reliability_serving.py):
+
+1. **Token ids outside the vocabulary kill the server.** `token_ids_logprob` is checked against the vocabulary,
+   the prompt's own ids are not: `POST /v1/completions {"prompt": [-38721]}` (or `/generate` with `input_ids`, or
+   an id >= vocab_size) reaches the scheduler, the target's embedding raises `IndexError: index out of range in
+   self`, the scheduler dies and takes the server down (SIGQUIT -> kill_process_tree). Checked in
+   `TokenizerManager._validate_one_request`, which every generate path calls per (sub-)request after
+   tokenization; its ValueError becomes a 400.
+2. **/v1/detokenize** with an id < 0 or >= 2**32 answered 500 ("out of range integral type conversion
+   attempted"); the serving class's `_validate_request` hook (400 in SGLang's handler) now checks the ids.
+3. **Malformed request structure** -> 500: `/generate` with `"input_embeds": [[]]` (IndexError in
+   `GenerateReqInput.normalize_batch_and_arguments`; its `assert`s too: /v1/embeddings with a malformed
+   batch answered 500 "The rid should be a list."), a chat request whose `rid` is a list (TypeError
+   "unhashable type" in `TokenizerManager._init_req_state`), `/generate` with an unknown key in
+   `session_params` (TypeError "Unexpected keyword argument" where `_create_tokenized_object` unpacks it).
+   Errors raised there come from the request's shape, so they become the ValueError SGLang's handlers answer
+   with 400 (in `_create_tokenized_object` only TypeError: it unpacks client dicts into constructors).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from sglang_ext.imports import when_imported
+
+_MARK = "__dflash_serve_request_validation__"
+
+
+def check_token_ids(input_ids, vocab_size: int, what: str = "prompt token id") -> None:
+    if not input_ids:
+        return
+    low, high = min(input_ids), max(input_ids)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{what} {bad} is outside the vocabulary; valid ids are 0 to {vocab_size - 1}")
+
+
+def _wrap(cls, name: str, make):
+    original = getattr(cls, name)
+    if getattr(original, _MARK, False):
+        return
+    wrapper = make(original)
+    setattr(wrapper, _MARK, True)
+    wrapper.__wrapped__ = original
+    setattr(cls, name, wrapper)
+
+
+def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
+    def make(original):
+        def _validate_one_request(self, obj, input_ids):
+            vocab_size = getattr(getattr(self, "model_config", None), "vocab_size", None)
+            if vocab_size and input_ids is not None and not isinstance(input_ids, (str, bytes)):
+                check_token_ids(input_ids, vocab_size)
+            return original(self, obj, input_ids)
+
+        return _validate_one_request
+
+    _wrap(tm_module.TokenizerManager, "_validate_one_request", make)
+    _wrap(tm_module.TokenizerManager, "_init_req_state", _shape_errors_are_client_errors)
+    _wrap(tm_module.TokenizerManager, "_create_tokenized_object",
+          lambda original: _shape_errors_are_client_errors(original, (TypeError,)))
+
+
+def _flat_ids(tokens):
+    for t in tokens or ():
+        if isinstance(t, list):
+            yield from t
+        else:
+            yield t
+
+
+def _patch_detokenize(serving: ModuleType) -> None:
+    def make(original):
+        def _validate_request(self, request):
+            vocab_size = getattr(getattr(self.tokenizer_manager, "model_config", None), "vocab_size", None)
+            ids = [t for t in _flat_ids(getattr(request, "tokens", None)) if isinstance(t, int)]
+            if vocab_size and ids:
+                try:
+                    check_token_ids(ids, vocab_size, "token id")
+                except ValueError as e:
+                    return str(e)
+            return original(self, request)
+
+        return _validate_request
+
+    _wrap(serving.OpenAIServingDetokenize, "_validate_request", make)
+
+
+def _shape_errors_are_client_errors(original, errors=(IndexError, TypeError, KeyError, AttributeError)):
+    def wrapper(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except errors as e:
+            raise ValueError(f"malformed request: {type(e).__name__}: {e}") from e
+
+    wrapper.__name__ = original.__name__
+    return wrapper
+
+
+def _patch_io_struct(io: ModuleType) -> None:
+    # io_struct also checks request shapes with `assert` ("The rid should be a list.")
+    shape = (IndexError, TypeError, KeyError, AttributeError, AssertionError)
+    for cls in (io.GenerateReqInput, io.EmbeddingReqInput):
+        _wrap(cls, "normalize_batch_and_arguments", lambda original: _shape_errors_are_client_errors(original, shape))
+
+
+def install() -> None:
+    when_imported("sglang.srt.managers.tokenizer_manager", _patch_tokenizer_manager)
+    when_imported("sglang.srt.entrypoints.openai.serving_tokenize", _patch_detokenize)
+    when_imported("sglang.srt.managers.io_struct", _patch_io_struct)

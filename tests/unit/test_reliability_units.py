@@ -1,0 +1,335 @@
+"""The reliability fixes without a server (issue 8): the HTTP guard as an ASGI app, request validation, DFlash's
+req_to_token headroom, the idle-gauge publish, the launcher's bounded shutdown and port check, config fields.
+The same behaviour against a real server: tests/integration/test_reliability_*.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from sglang_ext import dflash_headroom, http_guard, idle_metrics, request_validation
+from service import launcher
+from service.config import ConfigError, parse_config
+
+# ---------------------------------------------------------------------------------------------- http_guard
+
+
+class FakeTM:
+    served_model_name = "tiny"
+    gracefully_exit = False
+
+    class lora_registry:  # noqa: N801 -- stands in for SGLang's object
+        @staticmethod
+        def get_all_adapters():
+            return {"a": types.SimpleNamespace(lora_name="my-adapter")}
+
+
+def run_asgi(app, method="POST", path="/v1/chat/completions", body=b"", headers=None, chunks=None):
+    """Drive `app` like uvicorn; returns (status, headers, body, what the inner app received)."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "method": method, "path": path, "headers": raw}
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)] if chunks else [{"type": "http.request", "body": body,
+                                                                 "more_body": False}]
+    incoming.append({"type": "http.disconnect"})
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], dict((k.decode(), v.decode()) for k, v in start["headers"]), out
+
+
+def echo_app(status=200, body=b'{"ok": true}', content_type=b"application/json"):
+    seen = {}
+
+    async def app(scope, receive, send):
+        first = await receive()
+        seen["body"] = first.get("body")
+        seen["next"] = (await receive())["type"]  # after the body: the client's disconnect must come through
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    app.seen = seen
+    return app
+
+
+def guard(app, tm=None, limit=1000):
+    return http_guard.HttpGuard(app, http_guard.HttpSettings(max_request_bytes=limit), lambda: tm)
+
+
+def shape(body: bytes) -> dict:
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    return err
+
+
+def test_body_reaches_the_app_and_the_disconnect_after_it():
+    app = echo_app()
+    status, _, _ = run_asgi(guard(app, FakeTM()), body=b'{"model": "tiny"}',
+                            headers={"content-type": "application/json"})
+    assert status == 200
+    assert app.seen == {"body": b'{"model": "tiny"}', "next": "http.disconnect"}
+
+
+@pytest.mark.parametrize("flat, expected", [
+    ({"object": "error", "message": "bad top_p", "type": "BadRequestError", "param": None, "code": 400},
+     ("bad top_p", "invalid_request_error", None, 400)),
+    ({"error": "Unauthorized"}, ("Unauthorized", "authentication_error", None, 401)),
+    ({"detail": "Not Found"}, ("Not Found", "not_found_error", None, 404)),
+])
+def test_error_bodies_are_reshaped(flat, expected):
+    status = expected[3]
+    app = echo_app(status, json.dumps(flat).encode())
+    code, headers, body = run_asgi(guard(app), method="GET", path="/v1/x")
+    err = shape(body)
+    assert code == status and (err["message"], err["type"], err["param"], err["code"]) == expected
+    assert int(headers["content-length"]) == len(body)
+
+
+def test_a_plain_text_500_becomes_json():
+    app = echo_app(500, b"Internal Server Error", b"text/plain; charset=utf-8")
+    code, headers, body = run_asgi(guard(app), method="GET", path="/x")
+    assert code == 500 and headers["content-type"] == "application/json"
+    assert shape(body)["message"] == "Internal server error"
+
+
+def test_already_openai_shaped_and_anthropic_errors_are_left_alone():
+    good = json.dumps({"error": {"message": "m", "type": "t", "param": None, "code": 400}}).encode()
+    assert run_asgi(guard(echo_app(400, good)), method="GET", path="/v1/x")[2] == good
+    anthropic = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "m"}}).encode()
+    assert run_asgi(guard(echo_app(400, anthropic)), path="/v1/messages", body=b"{}",
+                    headers={"content-type": "application/json"})[2] == anthropic
+
+
+def test_server_file_paths_are_removed_from_messages():
+    msg = 'boom\n  File "/srv/lib/sglang/http_server.py", line 1870, in openai_v1_chat'
+    app = echo_app(400, json.dumps({"object": "error", "message": msg, "type": "x", "code": 400}).encode())
+    assert shape(run_asgi(guard(app), method="GET", path="/x")[2])["message"] == "boom"
+
+
+def test_validation_messages_name_the_field_not_the_input():
+    message, param = http_guard._validation_message([
+        {"type": "int_parsing", "loc": ("body", "max_tokens"), "msg": "Input should be a valid integer",
+         "input": "SECRET PROMPT"},
+        {"type": "string_type", "loc": ("body", "stop", "list[str]", 0), "msg": "Input should be a valid string",
+         "input": 1}])
+    assert "SECRET" not in message and param == "max_tokens"
+    assert message == "max_tokens: Input should be a valid integer; stop.0: Input should be a valid string"
+    assert http_guard._validation_message([{"type": "json_invalid", "loc": ("body", 3), "msg": "JSON decode error",
+                                            "ctx": {"error": "unexpected character"}}])[0] \
+        == "the request body is not valid JSON (unexpected character)"
+
+
+def test_declared_oversized_body_is_refused_before_the_app_sees_it():
+    app = echo_app()
+    code, headers, body = run_asgi(guard(app, limit=10), body=b"x" * 11,
+                                   headers={"content-type": "application/json", "content-length": "11"})
+    assert code == 413 and shape(body)["code"] == 413 and headers["connection"] == "close"
+    assert app.seen == {}
+    # Expect: 100-continue -- the client waits for the answer before sending: answered without reading
+    code, _, _ = run_asgi(guard(app, limit=10), chunks=[], body=b"",
+                          headers={"content-type": "application/json", "content-length": "11",
+                                   "expect": "100-continue"})
+    assert code == 413
+
+
+def test_chunked_oversized_body_is_refused():
+    app = echo_app()
+    code, _, _ = run_asgi(guard(app, limit=10), chunks=[b"{" + b" " * 6, b" " * 6 + b"}"],
+                          headers={"content-type": "application/json"})
+    assert code == 413 and app.seen == {}
+
+
+def test_json_that_is_not_an_object_is_a_400_but_invalid_json_goes_to_sglang():
+    app = echo_app()
+    code, _, body = run_asgi(guard(app), body=b"[1, 2]", headers={"content-type": "application/json"})
+    assert code == 400 and "JSON object" in shape(body)["message"] and app.seen == {}
+    run_asgi(guard(app), body=b"[1, 2", headers={"content-type": "application/json"})
+    assert app.seen["body"] == b"[1, 2"
+
+
+@pytest.mark.parametrize("model, known", [("tiny", True), ("tiny:my-lora", True), ("my-adapter", True),
+                                          ("gpt-4o", False), (None, True)])
+def test_unknown_models_get_a_404(model, known):
+    app = echo_app()
+    body = json.dumps({"messages": []} | ({"model": model} if model else {})).encode()
+    code, _, out = run_asgi(guard(app, FakeTM()), body=body, headers={"content-type": "application/json"})
+    if known:
+        assert code == 200
+    else:
+        err = shape(out)
+        assert code == 404 and err["param"] == "model" and "gpt-4o" in err["message"]
+
+
+def test_draining_server_refuses_new_requests_but_not_probes():
+    tm = FakeTM()
+    tm.gracefully_exit = True
+    code, headers, body = run_asgi(guard(echo_app(), tm), body=b"{}", headers={"content-type": "application/json"})
+    assert code == 503 and headers["retry-after"] == "5" and shape(body)["code"] == 503
+    assert run_asgi(guard(echo_app(), tm), method="GET", path="/health")[0] == 200
+    assert run_asgi(guard(echo_app(), tm), method="GET", path="/metrics")[0] == 200
+
+
+def test_guard_is_off_without_the_launcher_variable():
+    assert http_guard.install({}) is False
+    assert http_guard.HttpSettings.from_env({}) is None
+    s = http_guard.HttpSettings.from_env({http_guard.ENV_VAR: http_guard.HttpSettings(123).to_json()})
+    assert s.max_request_bytes == 123
+    with pytest.raises(ValueError):
+        http_guard.HttpSettings.from_env({http_guard.ENV_VAR: '{"max_request_bytes": -1}'})
+
+
+# ---------------------------------------------------------------------------------------------- SGLang patches
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    request_validation.check_token_ids([0, 5, 4095], 4096)
+    request_validation.check_token_ids([], 4096)
+    for ids in ([-1], [4096], [1, 10**12]):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            request_validation.check_token_ids(ids, 4096)
+
+
+def test_shape_errors_in_request_normalisation_become_client_errors():
+    def boom(self):
+        return [][0]
+
+    wrapped = request_validation._shape_errors_are_client_errors(boom)
+    with pytest.raises(ValueError, match="malformed request: IndexError"):
+        wrapped(object())
+
+
+def test_dflash_row_headroom_covers_the_decode_reserve():
+    # prepare_for_decode reserves 2 * block past the committed length (dflash_info_v2.py), page-rounded
+    assert dflash_headroom.dflash_extra(16, 1) == 36 >= 2 * 16
+    assert dflash_headroom.dflash_extra(16, 64) == 2 * 16 + 63 + 4
+
+
+def test_idle_gauges_are_published_on_the_first_idle_pass_after_a_busy_publish():
+    calls = []
+
+    class Reporter:
+        current_scheduler_metrics_enabled = True
+
+        def __init__(self):
+            self.metrics_collector = types.SimpleNamespace(last_log_time=100.0)
+
+        def _maybe_log_idle_metrics(self):  # SGLang's: publishes when last_log_time is older than 30 s
+            forced = self.metrics_collector.last_log_time == 0.0
+            calls.append(forced)
+            if forced:
+                self.metrics_collector.last_log_time = 200.0
+
+    mr = types.ModuleType("metrics_reporter")
+    mr.SchedulerMetricsReporter = Reporter
+    idle_metrics._patch(mr)
+    r = Reporter()
+    r._maybe_log_idle_metrics()      # first idle pass after a busy publish (last_log_time 100): forced
+    r._maybe_log_idle_metrics()      # still idle: SGLang's own 30 s cadence
+    r.metrics_collector.last_log_time = 300.0  # a busy publish happened
+    r._maybe_log_idle_metrics()
+    assert calls == [True, False, True]
+
+
+# ---------------------------------------------------------------------------------------------- launcher, config
+
+
+def test_config_defaults_and_environment():
+    cfg = parse_config({"model": {"path": "/m"}})
+    assert cfg.server.host == "127.0.0.1"
+    assert cfg.server.max_request_bytes == 2 * 1024 * 1024 and cfg.server.shutdown_grace_seconds == 50
+    env = launcher.server_env(cfg, base={})
+    assert json.loads(env[http_guard.ENV_VAR])["max_request_bytes"] == 2 * 1024 * 1024
+    assert json.loads(launcher.server_env(parse_config({"model": {"path": "/m"}, "server": {
+        "max_request_bytes": None}}), base={})[http_guard.ENV_VAR])["max_request_bytes"] is None
+    with pytest.raises(ConfigError, match="server.shutdown_grace_seconds"):
+        parse_config({"model": {"path": "/m"}, "server": {"shutdown_grace_seconds": 0}})
+
+
+def _supervise_script(tmp_path, child_code: str, grace: float) -> subprocess.Popen:
+    script = tmp_path / "sup.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        from service.launcher import supervise
+        child = subprocess.Popen([sys.executable, "-c", {child_code!r}], start_new_session=True)
+        print(child.pid, flush=True)
+        sys.exit(supervise(child, {grace}))
+    """))
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def _read_until_ready(sup) -> str:
+    """The supervisor prints the child's pid, the child prints 'ready' once its own handler is set."""
+    lines = [sup.stdout.readline().strip(), sup.stdout.readline().strip()]
+    assert "ready" in lines, lines
+    return next(line for line in lines if line != "ready")
+
+
+def _wait_for_sigterm_handler(pid: int, timeout: float = 60) -> None:
+    """Until `pid` catches SIGTERM (supervise() installed its handler): a signal before that would kill it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.05)
+    raise AssertionError("supervise() never installed its SIGTERM handler")
+
+
+def test_shutdown_is_bounded_by_the_grace_period(tmp_path):
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "time.sleep(600)")
+    sup = _supervise_script(tmp_path, stubborn, grace=1.5)
+    child = int(_read_until_ready(sup))
+    _wait_for_sigterm_handler(sup.pid)
+    t0 = time.monotonic()
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(30) == launcher.KILLED_STATUS
+    assert 1.4 < time.monotonic() - t0 < 10
+    with pytest.raises(ProcessLookupError):
+        os.killpg(child, 0)
+
+
+def test_a_child_that_drains_in_time_gives_its_own_status(tmp_path):
+    polite = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+              "print('ready', flush=True); time.sleep(600)")
+    sup = _supervise_script(tmp_path, polite, grace=30)
+    _read_until_ready(sup)
+    _wait_for_sigterm_handler(sup.pid)
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+
+
+def test_port_check_accepts_a_port_left_in_time_wait_and_refuses_a_listening_one():
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    with pytest.raises(ConfigError, match="already in use"):
+        launcher.check_port_free("127.0.0.1", port)
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = listener.accept()
+    conn.close()  # the server side closes first: its end of the connection stays in TIME_WAIT
+    time.sleep(0.2)
+    client.close()
+    listener.close()
+    launcher.check_port_free("127.0.0.1", port)  # a restarted server must not be refused for a minute
