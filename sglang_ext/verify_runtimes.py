@@ -46,10 +46,6 @@ class VerifyRuntimes:
         """One backend for every width (CPU, or CUDA graphs disabled)."""
         return cls(model_runner, {})
 
-    @property
-    def widths(self) -> tuple[int, ...]:
-        return tuple(sorted(self._by_width))
-
     def activate(self, width: int) -> None:
         if not self._by_width or width == self._active:
             return

@@ -74,7 +74,6 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         self._finished: deque[str] = deque(maxlen=_RECENT_FINISHED)
         self._finished_set: set[str] = set()
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
-        self._width = self.max_block  # verify width of the step in flight (see _accept_block)
         self.metrics = None
         if getattr(server_args, "enable_metrics", False) and self._tp_rank == 0:
             from sglang_ext.metrics import DFlashMetrics
@@ -123,20 +122,12 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     # -- upstream buffers, made width-aware ----------------------------------------------------------------------
     def _next_accept_bonus_buffers(self, bs: int):
         """Upstream sizes out_tokens [cap, B] and hands out [:bs] rows; a width-b accept needs a contiguous
-        [bs, b] view of the same storage."""
+        [bs, b] view of the same storage (b = self.block_size while _verify accepts, see there)."""
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._next_accept_bonus_buffers(bs)
-        w = self._width
+        w = int(self.block_size)
         if w != self.max_block:
             out_tokens = out_tokens.view(-1)[: bs * w].view(bs, w)
         return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
-
-    def _accept_block(self, **kwargs):
-        # upstream reads self.block_size as the verify width in the greedy accept (target_predict.view(bs, B))
-        self.block_size = self._width
-        try:
-            return super()._accept_block(**kwargs)
-        finally:
-            self.block_size = self.max_block
 
     # -- the decode step ---------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
@@ -315,13 +306,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if grammar_mask is not None:
             grammar_mask.apply(logits_output.next_token_logits)
 
-        self._width = b
+        # upstream's accept reads self.block_size as the verify width (target_predict.view(bs, block_size)):
+        # it is b for the accept only; everywhere else it stays the trained block B
+        self.block_size = b
         try:
             accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_block(
                 candidates=cand, next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info,
                 draft_input=draft_input, prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)
         finally:
-            self._width = self.max_block
+            self.block_size = self.max_block
         mask_capture = upstream.SpeculativeSamplingMaskCapture.from_logits(
             sampling_info, next_token_logits=logits_output.next_token_logits, draft_input=draft_input,
             draft_token_num=b, bs=bs)

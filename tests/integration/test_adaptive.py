@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import PROMPTS, default_config
-from tests.integration.test_lossless import ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue
+from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
+    ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue, plain_greedy, prompt_ids)
 
 pytestmark = pytest.mark.server
 WIDTHS = (1, 2, 4, 8, 16)
@@ -37,16 +38,6 @@ def by_label(series: dict[str, float], label: str) -> dict[str, float]:
 
 def delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
-
-
-@pytest.fixture(scope="module")
-def prompt_ids(tokenizer):
-    return [tokenizer(p)["input_ids"] for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def plain_greedy(plain_server, prompt_ids):
-    return [plain_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0)["output_ids"] for ids in prompt_ids]
 
 
 @pytest.fixture(scope="module")
