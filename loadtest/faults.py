@@ -136,6 +136,12 @@ def bad_requests(model: str, context_length: int) -> list[BadRequest]:
                    json.dumps({"model": "nope", "prompt": "x", "max_tokens": 2}).encode(), expect=(404,)),
         BadRequest("generate: input ids outside the vocabulary", "/generate",
                    json.dumps({"input_ids": [1, 10**9], "sampling_params": {"max_new_tokens": 2}}).encode()),
+        BadRequest("generate: more top logprobs than the vocabulary", "/generate",
+                   json.dumps({"text": "x", "return_logprob": True, "top_logprobs_num": 10**6,
+                               "sampling_params": {"max_new_tokens": 2}}).encode()),
+        BadRequest("generate: logprob_start_len below -1", "/generate",
+                   json.dumps({"text": "x", "return_logprob": True, "logprob_start_len": -5,
+                               "sampling_params": {"max_new_tokens": 2}}).encode()),
         BadRequest("wrong method", chat, b"", content_type=None, expect=(405,), method="GET"),
     ]
 

@@ -17,6 +17,13 @@ Found by the property-based run against the OpenAPI document (tests/integration/
    `session_params` (TypeError "Unexpected keyword argument" where `_create_tokenized_object` unpacks it).
    Errors raised there come from the request's shape, so they become the ValueError SGLang's handlers answer
    with 400 (in `_create_tokenized_object` only TypeError: it unpacks client dicts into constructors).
+4. **More top logprobs than the vocabulary has kills the server.** `/generate` with `"return_logprob": true,
+   "top_logprobs_num": 5000` on a 4096-token vocabulary: `torch.topk` in the sampler raises "selected index k out
+   of range" in the scheduler (found by tests/integration/test_reliability_serving.py's logprob probes; upstream
+   sgl-project/sglang#40076, fix proposed in PR #40099, not in 0.5.23). Checked in the same per-request hook.
+5. **A logprob_start_len below -1 kills the server.** `/generate` with `"return_logprob": true,
+   "logprob_start_len": -5`: -1 means "no input logprobs", anything lower reaches an `assert` in the scheduler's
+   `add_input_logprob_return_values` (AssertionError -> scheduler dead). Checked in the same hook.
 """
 from __future__ import annotations
 
@@ -36,6 +43,25 @@ def check_token_ids(input_ids, vocab_size: int, what: str = "prompt token id") -
         raise ValueError(f"{what} {bad} is outside the vocabulary; valid ids are 0 to {vocab_size - 1}")
 
 
+def check_logprob_args(obj, vocab_size: int) -> None:
+    """`obj`: one (sub-)request. top_logprobs_num counts tokens per position (0 to the vocabulary size);
+    logprob_start_len is a prompt position or -1 for "no input logprobs"."""
+    if not getattr(obj, "return_logprob", False):
+        return
+    k = getattr(obj, "top_logprobs_num", None)
+    if _is_int(k) and not 0 <= k <= vocab_size:
+        raise ValueError(f"top_logprobs_num {k} is out of range; valid values are 0 to the vocabulary size "
+                         f"({vocab_size})")
+    start = getattr(obj, "logprob_start_len", None)
+    if _is_int(start) and start < -1:
+        raise ValueError(f"logprob_start_len {start} is out of range; use a prompt position (>= 0) or -1 for no "
+                         "input logprobs")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _wrap(cls, name: str, make):
     original = getattr(cls, name)
     if getattr(original, _MARK, False):
@@ -52,6 +78,8 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
             vocab_size = getattr(getattr(self, "model_config", None), "vocab_size", None)
             if vocab_size and input_ids is not None and not isinstance(input_ids, (str, bytes)):
                 check_token_ids(input_ids, vocab_size)
+            if vocab_size:
+                check_logprob_args(obj, vocab_size)
             return original(self, obj, input_ids)
 
         return _validate_one_request

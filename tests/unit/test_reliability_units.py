@@ -206,6 +206,22 @@ def test_token_ids_outside_the_vocabulary_are_refused():
             request_validation.check_token_ids(ids, 4096)
 
 
+def test_logprob_arguments_that_crash_the_scheduler_are_refused():
+    from types import SimpleNamespace as Req
+
+    ok = [Req(return_logprob=True, top_logprobs_num=0, logprob_start_len=-1),
+          Req(return_logprob=True, top_logprobs_num=4096, logprob_start_len=0),
+          Req(return_logprob=False, top_logprobs_num=10**6, logprob_start_len=-5),  # ignored without logprobs
+          Req(return_logprob=True, top_logprobs_num=None, logprob_start_len=None)]
+    for req in ok:
+        request_validation.check_logprob_args(req, 4096)
+    for req, field in ((Req(return_logprob=True, top_logprobs_num=4097, logprob_start_len=-1), "top_logprobs_num"),
+                       (Req(return_logprob=True, top_logprobs_num=-1, logprob_start_len=-1), "top_logprobs_num"),
+                       (Req(return_logprob=True, top_logprobs_num=1, logprob_start_len=-2), "logprob_start_len")):
+        with pytest.raises(ValueError, match=field):
+            request_validation.check_logprob_args(req, 4096)
+
+
 def test_shape_errors_in_request_normalisation_become_client_errors():
     def boom(self):
         return [][0]
