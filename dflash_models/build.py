@@ -108,9 +108,9 @@ def write_card(out_dir: str | Path, acceptance: Path | None = ACCEPTANCE_RESULTS
 
 
 def build(out_dir: str | Path, *, target_steps: int | None = None, target_budget_min: float | None = 42,
-          regen_prompts: int = 3072, regen_max_new: int = 160, regen_budget_min: float | None = 8,
+          regen_prompts: int = 8192, regen_max_new: int = 160, regen_budget_min: float | None = 15,
           drafter_steps: int | None = None,
-          drafter_budget_min: float | None = 30, skip_target: bool = False, log=print) -> Path:
+          drafter_budget_min: float | None = 30, skip_target: bool = False, threads: int = 1, log=print) -> Path:
     import torch
 
     from dflash_models import regen, train_drafter, train_target
@@ -123,7 +123,7 @@ def build(out_dir: str | Path, *, target_steps: int | None = None, target_budget
     else:
         spec = train_target.TargetSpec(**({"steps": target_steps} if target_steps else {}))
         train_target.train(target_dir, spec, None if target_budget_min is None else 60 * target_budget_min, log=log)
-    data = regen.regenerate(target_dir, regen_prompts, regen_max_new, log=log,
+    data = regen.regenerate(target_dir, regen_prompts, regen_max_new, threads=threads, log=log,
                             time_budget_s=None if regen_budget_min is None else 60 * regen_budget_min)
     cache = REPO / "build" / f"{out_dir.name}-regen.pt"  # for drafter-only reruns (train_drafter --data)
     cache.parent.mkdir(exist_ok=True)
@@ -141,9 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", help="directory to create (target/, drafter/, README.md)")
     p.add_argument("--target-steps", type=int, default=None, help="default: TargetSpec.steps")
     p.add_argument("--target-budget-min", type=float, default=42, help="minutes; stop target training then, annealing by time (0 = no cap)")
-    p.add_argument("--regen-prompts", type=int, default=3072)
+    p.add_argument("--regen-prompts", type=int, default=8192)
     p.add_argument("--regen-max-new", type=int, default=160)
-    p.add_argument("--regen-budget-min", type=float, default=8, help="minutes; stop regenerating then (0 = no cap)")
+    p.add_argument("--regen-budget-min", type=float, default=15, help="minutes; stop regenerating then (0 = no cap)")
     p.add_argument("--drafter-steps", type=int, default=None, help="default: DrafterSpec.steps")
     p.add_argument("--drafter-budget-min", type=float, default=30, help="minutes; stop drafter training then, annealing by time (0 = no cap)")
     p.add_argument("--skip-target", action="store_true", help="reuse an existing target, retrain the drafter")
@@ -159,7 +159,7 @@ def run(a: argparse.Namespace) -> int:
     build(a.out_dir, target_steps=a.target_steps, target_budget_min=a.target_budget_min or None,
           regen_prompts=a.regen_prompts, regen_max_new=a.regen_max_new,
           regen_budget_min=a.regen_budget_min or None, drafter_steps=a.drafter_steps,
-          drafter_budget_min=a.drafter_budget_min or None, skip_target=a.skip_target)
+          drafter_budget_min=a.drafter_budget_min or None, skip_target=a.skip_target, threads=a.threads)
     return 0
 
 
