@@ -3,10 +3,10 @@
     python -m dflash_models.build models/tiny-code            # or: dflash-serve build-models models/tiny-code
     python -m dflash_models.build models/tiny-code --skip-target   # keep the target, retrain the drafter
 
-Single-threaded by default (`--threads`); every stage prints progress lines with step, loss,
+Two torch threads by default (`--threads`, 1 on a shared machine); every stage prints progress lines with step, loss,
 tokens/s and ETA. Fixed seeds: the same Python version (same stdlib corpus) and torch build
 give the same data and, up to floating-point summation order, the same weights, as long as
-the step counts bind. `--target-budget-min` / `--drafter-budget-min` (defaults 42 / 30) cap the
+the step counts bind. `--target-budget-min` / `--drafter-budget-min` (defaults 42 / 40) cap the
 training time on a slow or busy machine: the learning-rate schedule then anneals by elapsed
 time and the run is no longer bit-reproducible (0 = no cap). Raise `--target-steps` /
 `--drafter-steps` and the budgets to train longer.
@@ -26,6 +26,11 @@ ACCEPTANCE_RESULTS = REPO / "benchmarks" / "results" / "acceptance_cpu.json"
 
 def _size_mb(d: Path) -> float:
     return sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) / 1e6
+
+
+def _threads(meta: dict) -> str:
+    n = meta.get("torch_threads", 1)
+    return f"{n} torch thread{'s' if n != 1 else ''}"
 
 
 def write_card(out_dir: str | Path, acceptance: Path | None = ACCEPTANCE_RESULTS) -> Path:
@@ -59,9 +64,10 @@ def write_card(out_dir: str | Path, acceptance: Path | None = ACCEPTANCE_RESULTS
         f"| training | {t['steps_done']} steps x {ts['batch_size']}x{ts['seq_len']} tokens ({t['tokens_seen']:,} tokens), "
         f"AdamW lr {ts['lr']} cosine, seed {ts['seed']} | {d['steps_done']} steps x {ds['batch_size']} sequences x "
         f"{ds['anchors']} random anchors, gamma {ds['gamma']}, AdamW lr {ds['lr']} cosine, seed {ds['seed']} |",
-        f"| time (1 CPU thread) | {fmt_secs(t['train_seconds'])} training, {fmt_secs(t['total_seconds'])} in all | "
-        f"{fmt_secs(d['regen_seconds'])} regenerating + {fmt_secs(d['train_seconds'])} training, "
-        f"{fmt_secs(d['regen_seconds'] + d['total_seconds'])} in all |",
+        f"| time (CPU) | {fmt_secs(t['train_seconds'])} training, {fmt_secs(t['total_seconds'])} in all, "
+        f"{_threads(t)} | {fmt_secs(d['regen_seconds'])} regenerating (SGLang server, 64 concurrent) + "
+        f"{fmt_secs(d['train_seconds'])} training, {fmt_secs(d['regen_seconds'] + d['total_seconds'])} in all, "
+        f"{_threads(d)} |",
         f"| loss | held-out {t['heldout_loss']:.3f} nats/token (train {t['train_loss']:.3f}) | held-out weighted "
         f"block loss {d['heldout']['loss']:.3f}; first-draft accuracy {d['heldout']['acc1']:.3f}; offline accepted "
         f"length {d['heldout']['tau']:.2f} |",
@@ -110,7 +116,7 @@ def write_card(out_dir: str | Path, acceptance: Path | None = ACCEPTANCE_RESULTS
 def build(out_dir: str | Path, *, target_steps: int | None = None, target_budget_min: float | None = 42,
           regen_prompts: int = 8192, regen_max_new: int = 160, regen_budget_min: float | None = 15,
           drafter_steps: int | None = None,
-          drafter_budget_min: float | None = 30, skip_target: bool = False, threads: int = 1, log=print) -> Path:
+          drafter_budget_min: float | None = 40, skip_target: bool = False, threads: int = 2, log=print) -> Path:
     import torch
 
     from dflash_models import regen, train_drafter, train_target
@@ -145,10 +151,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regen-max-new", type=int, default=160)
     p.add_argument("--regen-budget-min", type=float, default=15, help="minutes; stop regenerating then (0 = no cap)")
     p.add_argument("--drafter-steps", type=int, default=None, help="default: DrafterSpec.steps")
-    p.add_argument("--drafter-budget-min", type=float, default=30, help="minutes; stop drafter training then, annealing by time (0 = no cap)")
+    p.add_argument("--drafter-budget-min", type=float, default=40, help="minutes; stop drafter training then, annealing by time (0 = no cap)")
     p.add_argument("--skip-target", action="store_true", help="reuse an existing target, retrain the drafter")
     p.add_argument("--card-only", action="store_true", help="only rewrite README.md from the training metadata")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a small shared machine)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads for training and the regeneration server (1 on a shared machine)")
 
 
 def run(a: argparse.Namespace) -> int:
