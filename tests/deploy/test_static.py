@@ -116,6 +116,17 @@ def test_cpu_service():
     assert (CONFIGS / Path(s["command"][2]).name).is_file()
 
 
+@pytest.mark.parametrize("profile,service", [((), "dflash-serve"), (("cpu",), "dflash-serve-cpu")])
+def test_the_launcher_drains_within_compose_stop_grace_period(profile, service):
+    """After `docker compose stop` the launcher refuses new requests, lets in-flight ones finish for
+    server.shutdown_grace_seconds, then stops SGLang itself: that must end before Docker's SIGKILL."""
+    s = compose_config(*profile)["services"][service]
+    m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", s["stop_grace_period"])
+    stop_grace = 60 * int(m.group(1) or 0) + int(m.group(2) or 0)
+    grace = load_config(CONFIGS / Path(s["command"][-1]).name).server.shutdown_grace_seconds
+    assert grace + 10 <= stop_grace, (service, grace, stop_grace)
+
+
 def test_ports_are_published_on_loopback_by_default():
     for profile in ((), ("cpu",)):
         for name, s in compose_config(*profile)["services"].items():
