@@ -133,6 +133,10 @@ def test_cpu_launch_plan_sets_the_cpu_layer_and_threads(tmp_path, tiny_pair):
     argv = " ".join(p.argv)
     assert "--speculative-algorithm DFLASH" in argv and "--speculative-num-draft-tokens 16" in argv
     assert "--attention-backend torch_native" in argv and "--host 127.0.0.1" in argv
+    # an idle CPU scheduler must not busy-poll the cores the model runs on (100% of a core -> ~1%)
+    assert "--sleep-on-idle" in p.argv
+    data["sglang_args"] = {"sleep_on_idle": False}
+    assert "--sleep-on-idle" not in plan(load_config(write(tmp_path, data)), validate_sglang_args=False).argv
 
 
 def test_dflash_adaptive_launches_the_plugin_algorithm(tmp_path, tiny_pair):
