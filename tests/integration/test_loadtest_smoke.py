@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,9 @@ def test_headless_run_reports_every_custom_metric(dflash_server, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["model"] == "tiny" and summary["failures"] == 0 and summary["output_tok_s"] > 0
     # Locust rewrites _stats.csv every second, not at exit: the summary may hold the last second's completions too
-    assert 0 <= summary["metrics"]["ttft"]["count"] - int(chat["Request Count"]) <= 5
+    # (~1.5 s of the run's completion rate; with the retrained drafter 5 users finish ~13 requests a second)
+    done = summary["metrics"]["ttft"]["count"]
+    assert 0 <= done - int(chat["Request Count"]) <= math.ceil(1.5 * done / 15) + 2
 
 
 @pytest.mark.parametrize("threshold, code", [("0.01", 1), ("1", 0)])
