@@ -49,14 +49,11 @@ def regenerate(target_dir: str | Path, n_prompts: int = 8192, max_new: int = 160
     sequences: list[list[int]] = [[] for _ in enc]
 
     def one(i: int) -> int:
-        r = server.generate(enc[i], max_new_tokens=max_new, temperature=0, ignore_eos=False, stop_token_ids=stop)
-        resp = list(r["output_ids"])
-        matched = (r["meta_info"].get("finish_reason") or {}).get("matched")
-        if isinstance(matched, int) and (not resp or resp[-1] != matched):
-            resp.append(matched)  # keep the end token: the drafter learns where responses stop
-        cut = next((j + 1 for j, t in enumerate(resp) if t in stop), len(resp))
-        sequences[i] = enc[i] + resp[:cut]
-        return cut
+        # SGLang stops at the first stop token and keeps it in output_ids: the drafter learns where responses end
+        resp = server.generate(enc[i], max_new_tokens=max_new, temperature=0, ignore_eos=False,
+                               stop_token_ids=stop)["output_ids"]
+        sequences[i] = enc[i] + resp
+        return len(resp)
 
     with tempfile.TemporaryDirectory() as work, \
             ManagedServer(server_config(target_dir, concurrency, threads), Path(work), "regen-target") as server:

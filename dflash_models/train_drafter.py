@@ -1,4 +1,4 @@
-"""Train the bundled DFlash drafter for a target, on one CPU thread (the paper's recipe).
+"""Train the bundled DFlash drafter for a target on CPU (the paper's recipe).
 
     python -m dflash_models.train_drafter models/tiny-code/target models/tiny-code/drafter \
         --data /tmp/regen.pt [--steps 2400 --time-budget-min 40 --threads 2]

@@ -19,7 +19,8 @@ Found by the property-based run against the OpenAPI document (tests/integration/
    with 400 (in `_create_tokenized_object` only TypeError: it unpacks client dicts into constructors).
 4. **More top logprobs than the vocabulary has kills the server.** `/generate` with `"return_logprob": true,
    "top_logprobs_num": 5000` on a 4096-token vocabulary: `torch.topk` in the sampler raises "selected index k out
-   of range" in the scheduler (found by tests/integration/test_reliability_serving.py's logprob probes; upstream
+   of range" in the scheduler (found by hand-written probes of the logprob fields, now rows of
+   `loadtest/faults.py`; upstream
    sgl-project/sglang#40076, fix proposed in PR #40099, not in 0.5.23). Checked in the same per-request hook.
 5. **A logprob_start_len below -1 kills the server.** `/generate` with `"return_logprob": true,
    "logprob_start_len": -5`: -1 means "no input logprobs", anything lower reaches an `assert` in the scheduler's
