@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.step_time import server_config as _step_time_config  # noqa: E402
-from service.process import ManagedServer  # noqa: E402
+from harness.server import ManagedServer  # noqa: E402
 
 
 def server_config(base: Path, speculative: bool) -> dict:

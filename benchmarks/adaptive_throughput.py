@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from service.process import ManagedServer  # noqa: E402
+from harness.server import ManagedServer  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -27,14 +27,14 @@ import numpy as np  # noqa: E402
 
 from sglang_ext.controller import ControllerConfig  # noqa: E402
 from sglang_ext.controller.roofline import RooflineProfile, load_json  # noqa: E402
-from sglang_ext.controller.simulator import (  # noqa: E402
+from harness.simulator import (  # noqa: E402
     SimConfig,
     oracle_blocks,
     result_dict,
     run,
     steady_context_per_request,
 )
-from sglang_ext.controller.workload import FAMILIES, tau_at  # noqa: E402
+from harness.workload import FAMILIES, tau_at  # noqa: E402
 
 DEFAULT_PROFILE = ROOT / "sglang_ext" / "controller" / "profiles" / "h200_qwen3_8b.json"
 

@@ -23,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from service.process import ManagedServer  # noqa: E402
+from harness.server import ManagedServer  # noqa: E402
 
 
 def server_config(base: Path, speculative: bool) -> dict:

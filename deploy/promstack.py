@@ -98,7 +98,7 @@ class LocalPrometheus:
     """A real `prometheus` binary on a free loopback port, storing into `workdir`, scraping `targets`."""
 
     def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s", binary: str | None = None):
-        from service.process import free_port
+        from harness.server import free_port
 
         self.binary = binary or shutil.which("prometheus")
         if not self.binary:

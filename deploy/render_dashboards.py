@@ -309,7 +309,7 @@ def demo(out_dir: Path, config_path: Path, load_seconds: float, phases: list[int
     concurrency (so the adaptive block size has load changes to follow) and render."""
     import yaml
 
-    from service.process import ManagedServer
+    from harness.server import ManagedServer
 
     config = yaml.safe_load(config_path.read_text())
     base = config_path.resolve().parent

@@ -38,7 +38,7 @@ def regenerate(target_dir: str | Path, n_prompts: int = 8192, max_new: int = 160
                threads: int | str = "auto", log=print) -> dict:
     from transformers import AutoTokenizer
 
-    from service.process import ManagedServer
+    from harness.server import ManagedServer
 
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(str(target_dir))

@@ -230,7 +230,7 @@ def counters(snap) -> dict[str, float | None]:
 
 def start_server(config: Path, workdir: Path, api_key: str | None):
     from service.config import load_config
-    from service.process import ManagedServer
+    from harness.server import ManagedServer
 
     cfg = load_config(config).model_dump(mode="json", exclude_none=True)
     env = None

@@ -5,7 +5,7 @@
     python -m loadtest.sweep --url mine=http://127.0.0.1:30000 --users 1 2 --duration 5
     python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
 
-Per configuration: start `dflash-serve serve` (service.process.ManagedServer) unless `--url NAME=URL` gives a
+Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) unless `--url NAME=URL` gives a
 running server; then per user count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py
 --headless` as a subprocess (Locust's gevent patching breaks SGLang, so never in this process), wait until the
 server is idle, scrape again. Results are rewritten after every point, so an interrupted sweep keeps its data.
@@ -253,7 +253,7 @@ def sweep(args: argparse.Namespace) -> int:
                 url = urls[name]
                 log(f"{head}: using {url}")
             else:
-                from service.process import ManagedServer
+                from harness.server import ManagedServer
 
                 server = ManagedServer(configs[name], out / "servers", name)
                 log(f"{head}: starting server (log {server.log_path})")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.process import ManagedServer
+from harness.server import ManagedServer
 
 REPO = Path(__file__).resolve().parents[1]
 

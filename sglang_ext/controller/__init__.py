@@ -6,7 +6,7 @@ Public API (used by the SGLang worker):
     BlockSizeController  decide() / observe_step() / observe_step_time() / finish() (policy.py)
     Decision             what decide() returns
     AcceptanceStats      per-position acceptance estimates (acceptance.py)
-The simulator (simulator.py, workload.py, roofline.py) is importable from here but not re-exported.
+The simulator and its workloads live in harness/ (dev only); roofline.py is here because CostModel seeds from it.
 """
 
 from .acceptance import AcceptanceStats

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from deploy import promstack
-from service.process import free_port
+from harness.server import free_port
 from tests.deploy.conftest import tool
 from tests.deploy.fake_dflash import CONTRACT, FakeDFlash
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy import promstack, render_dashboards
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.deploy.conftest import compose_config, dockerfile_stages, exec_form, tool
 from tests.deploy.test_static import SGLANG_METRICS, base_name
 

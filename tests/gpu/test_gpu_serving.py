@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.adaptive_throughput import default_prompts, measured_profile, run_config, table, variant
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.conftest import PROMPTS
 from tests.gpu.conftest import REPO
 

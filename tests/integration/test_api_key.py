@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.conftest import default_config
 
 pytestmark = pytest.mark.server

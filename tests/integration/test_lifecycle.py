@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.conftest import default_config
 
 pytestmark = pytest.mark.server

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.process import free_port
+from harness.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CUSTOM_METRICS = ("ttft", "itl", "tpot", "e2e", "output_tokens")

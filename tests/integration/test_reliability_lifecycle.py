@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from loadtest import faults
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.conftest import default_config
 
 pytestmark = pytest.mark.server

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from loadtest import faults, server_metrics
-from service.process import ManagedServer
+from harness.server import ManagedServer
 from tests.conftest import default_config
 
 pytestmark = pytest.mark.server

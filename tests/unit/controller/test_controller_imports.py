@@ -15,7 +15,7 @@ def test_import_pulls_in_neither_torch_nor_sglang() -> None:
     code = (
         "import sys, json\n"
         "import sglang_ext.controller as c\n"
-        "import sglang_ext.controller.simulator, sglang_ext.controller.workload, sglang_ext.controller.roofline\n"
+        "import harness.simulator, harness.workload, sglang_ext.controller.roofline\n"
         "from sglang_ext.controller import ControllerConfig, BlockSizeController, CostModel\n"
         "ctrl = BlockSizeController(ControllerConfig(), CostModel.default((1, 2, 4, 8, 16)))\n"
         "ctrl.decide(['a'])\n"

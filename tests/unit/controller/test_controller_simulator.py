@@ -10,8 +10,8 @@ import pytest
 
 from sglang_ext.controller import ControllerConfig
 from sglang_ext.controller.roofline import RooflineProfile
-from sglang_ext.controller.simulator import SimConfig, oracle_blocks, run, steady_context_per_request
-from sglang_ext.controller.workload import FAMILIES, tau_at
+from harness.simulator import SimConfig, oracle_blocks, run, steady_context_per_request
+from harness.workload import FAMILIES, tau_at
 
 PROFILE = Path(__file__).resolve().parents[3] / "sglang_ext" / "controller" / "profiles" / "h200_qwen3_8b.json"
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from .config import ControllerConfig
-from .cost_model import DEFAULT_BUCKETS, CostModel
-from .policy import BlockSizeController
-from .roofline import RooflineProfile
-from .workload import FAMILIES, AcceptanceFamily, draw_request, request_curves, sync_phase_switch_times
+from sglang_ext.controller.config import ControllerConfig
+from sglang_ext.controller.cost_model import DEFAULT_BUCKETS, CostModel
+from sglang_ext.controller.policy import BlockSizeController
+from sglang_ext.controller.roofline import RooflineProfile
+from harness.workload import FAMILIES, AcceptanceFamily, draw_request, request_curves, sync_phase_switch_times
 
 
 @dataclass(frozen=True)

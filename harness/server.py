@@ -1,4 +1,4 @@
-"""Start and stop a real `dflash-serve serve` process (used by tests, benchmarks and the sweep)."""
+"""Start and stop a real `dflash-serve serve` process (tests, benchmarks, load tests, training data regeneration)."""
 from __future__ import annotations
 
 import json
