@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 
 from service import preflight, sglang_args
-from sglang_ext import cpu, http_guard, serve_entry
+from sglang_ext import cpu, serve_entry
+from sglang_ext.patches import http_guard
 from sglang_ext.settings import ENV_VAR as ADAPTIVE_ENV_VAR
 from service.config import ConfigError, Device, ServeConfig
 

@@ -3,6 +3,9 @@
 SGLang calls `register()` in every process it starts (engine, scheduler, detokenizer) via
 `sglang.srt.plugins.load_plugins()`. It must be idempotent and cheap. Nothing happens at
 import time; prometheus metrics are created lazily in the scheduler (see metrics.py).
+
+Order matters: the algorithm is registered before the patches, because in the scheduler process the patched
+modules are already imported and the name-site patches look DFLASH_ADAPTIVE up at once.
 """
 from __future__ import annotations
 
@@ -17,17 +20,12 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_ext import cpu, dflash_headroom, http_guard, idle_metrics, redaction, request_validation, spec_algo
+    from sglang_ext import cpu, patches, spec_algo
 
-    redaction.install()
-    request_validation.install()
-    dflash_headroom.install()
-    idle_metrics.install()
-    http_guard.install()  # only under dflash-serve (DFLASH_SERVE_HTTP set by the launcher)
     spec_algo.install()
-
+    applied = patches.install(cpu_active=cpu.is_active())
+    logger.debug("dflash-serve patches applied: %s", ", ".join(applied))
     if cpu.is_active():
-        from sglang_ext.cpu import patches
+        from sglang_ext.patches import cpu_layer
 
-        applied = patches.install()
-        logger.info("dflash-serve CPU layer active: %s", ", ".join(applied))
+        logger.info("dflash-serve CPU layer active: %s", ", ".join(cpu_layer.install()))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
+from sglang_ext.patches.wrap import when_imported
 
 ALGORITHM = "DFLASH_ADAPTIVE"
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _make_spec_class(spec_info: ModuleType):
     def handle_server_args(self, server_args) -> None:
         from sglang.srt.arg_groups import speculative_hook
 
-        from sglang_ext.cpu.patches import handle_dflash_on_cpu
+        from sglang_ext.patches.cpu_layer import handle_dflash_on_cpu
 
         if getattr(server_args, "device", None) == "cpu":
             handle_dflash_on_cpu(server_args)
@@ -59,39 +59,6 @@ def _worker_factory(server_args):
     return AdaptiveDFlashWorker
 
 
-def _forces_eagle_topk_one_as_dflash() -> None:
-    """arg_groups/model_override_base.py `_forces_eagle_topk_one` matches DFLASH by name. It runs before
-    `_handle_dflash` sets topk = 1 and, on SM100/SM103, picks the default target attention backend (trtllm_mha for
-    DFLASH, flashinfer otherwise): DFLASH_ADAPTIVE must get DFLASH's answer (tests/unit/test_algorithm_name_sites.py)."""
-
-    def patch(mob: ModuleType) -> None:
-        original = mob._forces_eagle_topk_one
-        if getattr(original, "__wrapped__", None) is not None:
-            return
-
-        def _forces_eagle_topk_one(speculative_algorithm) -> bool:
-            return str(speculative_algorithm).upper() == ALGORITHM or original(speculative_algorithm)
-
-        _forces_eagle_topk_one.__wrapped__ = original
-        mob._forces_eagle_topk_one = _forces_eagle_topk_one  # looked up at call time by get_default_attn_backend
-
-    when_imported("sglang.srt.arg_groups.model_override_base", patch)
-
-
-def _fpm_spec_decode_snapshot() -> None:
-    """metrics_reporter `snapshot_spec_decode_metrics` takes its pre-settle decode-KV snapshot only for the enum
-    members in _SPEC_DECODE_SNAPSHOT_ALGORITHMS (forward-pass metrics); add ours next to DFLASH."""
-
-    def patch(mr: ModuleType) -> None:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        algo = SpeculativeAlgorithm.from_string(ALGORITHM)
-        if algo not in mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS:
-            mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS = (*mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS, algo)
-
-    when_imported("sglang.srt.managers.scheduler_components.metrics_reporter", patch)
-
-
 def install() -> None:
     def register(spec_info: ModuleType) -> None:
         from sglang.srt.speculative import spec_registry
@@ -102,7 +69,3 @@ def install() -> None:
                                                 spec_class=_make_spec_class(spec_info))(_worker_factory)
 
     when_imported("sglang.srt.speculative.spec_info", register)
-    # after the registration hook: in the scheduler process these modules are already imported, the hooks run at
-    # once, and the snapshot patch looks the algorithm up by name
-    _forces_eagle_topk_one_as_dflash()
-    _fpm_spec_decode_snapshot()

@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from sglang_ext import dflash_headroom, http_guard, idle_metrics, request_validation
+from sglang_ext.patches import dflash_headroom, http_guard, idle_metrics, request_validation
 from service import launcher
 from service.config import ConfigError, parse_config
 

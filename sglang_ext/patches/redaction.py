@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
+from sglang_ext.patches.wrap import when_imported, wrap
 
 SECRET_FIELDS = ("api_key", "admin_api_key")
 MASK = "***"
@@ -19,32 +19,27 @@ def _secrets(server_args) -> list[str]:
 
 
 def _patch_repr(sa: ModuleType) -> None:
-    cls = sa.ServerArgs
-    if getattr(cls, "__dflash_serve_redacted__", False):
-        return
-    original = cls.__repr__
+    def make(original):
+        def __repr__(self) -> str:
+            text = original(self)
+            for secret in _secrets(self):
+                text = text.replace(repr(secret), repr(MASK))
+            return text
 
-    def __repr__(self) -> str:
-        text = original(self)
-        for secret in _secrets(self):
-            text = text.replace(repr(secret), repr(MASK))
-        return text
+        return __repr__
 
-    cls.__repr__ = __repr__
-    cls.__dflash_serve_redacted__ = True
+    wrap(sa.ServerArgs, "__repr__", make)
 
 
 def _patch_engine_log(engine: ModuleType) -> None:
-    original = engine._server_args_for_logging
-    if getattr(original, "__dflash_serve_redacted__", False):
-        return
+    def make(original):
+        def _server_args_for_logging(server_args):
+            shown = original(server_args)
+            return {k: (MASK if k in SECRET_FIELDS and v else v) for k, v in shown.items()}
 
-    def _server_args_for_logging(server_args):
-        shown = original(server_args)
-        return {k: (MASK if k in SECRET_FIELDS and v else v) for k, v in shown.items()}
+        return _server_args_for_logging
 
-    _server_args_for_logging.__dflash_serve_redacted__ = True
-    engine._server_args_for_logging = _server_args_for_logging
+    wrap(engine, "_server_args_for_logging", make)
 
 
 def install() -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from sglang_ext.imports import when_imported
+from sglang_ext.patches.wrap import when_imported, wrap
 
 ENV_VAR = "DFLASH_SERVE_HTTP"
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
@@ -349,33 +349,32 @@ def _validation_handler(original):
         message, param = _validation_message(errors)
         return Response(error_body(400, message, param), status_code=400, media_type="application/json")
 
-    handler.__dflash_serve__ = True
     return handler
 
 
 def _patch(hs: ModuleType, settings: HttpSettings) -> None:
     app = hs.app
-    if getattr(app, "__dflash_serve_guarded__", False):
-        return
-    from fastapi.exceptions import RequestValidationError
-
-    original = app.exception_handlers.get(RequestValidationError)
-    if original is not None:
-        app.exception_handlers[RequestValidationError] = _validation_handler(original)
-    if settings.max_request_bytes is not None and hasattr(app, "max_body_size"):
-        app.max_body_size = settings.max_request_bytes  # FastAPI's own limit: bodies this middleware does not read
 
     def tokenizer_manager():
         state = getattr(hs, "_global_state", None)
         return getattr(state, "tokenizer_manager", None)
 
-    build = app.build_middleware_stack
+    def make(build):
+        # once per app, with the wrap: the validation handler and FastAPI's own body limit
+        from fastapi.exceptions import RequestValidationError
 
-    def build_middleware_stack():
-        return HttpGuard(build(), settings, tokenizer_manager)
+        original = app.exception_handlers.get(RequestValidationError)
+        if original is not None:
+            app.exception_handlers[RequestValidationError] = _validation_handler(original)
+        if settings.max_request_bytes is not None and hasattr(app, "max_body_size"):
+            app.max_body_size = settings.max_request_bytes  # FastAPI's own limit: bodies this middleware does not read
 
-    app.build_middleware_stack = build_middleware_stack
-    app.__dflash_serve_guarded__ = True
+        def build_middleware_stack():
+            return HttpGuard(build(), settings, tokenizer_manager)
+
+        return build_middleware_stack
+
+    wrap(app, "build_middleware_stack", make)
 
 
 def install(environ: Mapping[str, str] = os.environ) -> bool:

@@ -13,29 +13,22 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
-
-_MARK = "__dflash_serve_idle_publish__"
-
+from sglang_ext.patches.wrap import when_imported, wrap
 
 def _patch(mr: ModuleType) -> None:
-    cls = mr.SchedulerMetricsReporter
-    original = cls._maybe_log_idle_metrics
-    if getattr(original, _MARK, False):
-        return
+    def make(original):
+        def _maybe_log_idle_metrics(self):
+            collector = getattr(self, "metrics_collector", None)
+            if collector is None or not getattr(self, "current_scheduler_metrics_enabled", False):
+                return original(self)
+            if getattr(self, "_dflash_idle_published_at", None) != collector.last_log_time:
+                collector.last_log_time = 0.0  # the last publish was a busy one: publish the idle gauges now
+            original(self)
+            self._dflash_idle_published_at = collector.last_log_time
 
-    def _maybe_log_idle_metrics(self):
-        collector = getattr(self, "metrics_collector", None)
-        if collector is None or not getattr(self, "current_scheduler_metrics_enabled", False):
-            return original(self)
-        if getattr(self, "_dflash_idle_published_at", None) != collector.last_log_time:
-            collector.last_log_time = 0.0  # the last publish was a busy one: publish the idle gauges now
-        original(self)
-        self._dflash_idle_published_at = collector.last_log_time
+        return _maybe_log_idle_metrics
 
-    setattr(_maybe_log_idle_metrics, _MARK, True)
-    _maybe_log_idle_metrics.__wrapped__ = original
-    cls._maybe_log_idle_metrics = _maybe_log_idle_metrics
+    wrap(mr.SchedulerMetricsReporter, "_maybe_log_idle_metrics", make)
 
 
 def install() -> None:

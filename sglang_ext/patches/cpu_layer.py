@@ -1,15 +1,15 @@
-"""Runtime patches of SGLang 0.5.23 call sites for serving on CPU, installed from `plugin.register()`.
+"""Patches of SGLang 0.5.23 call sites for serving on CPU (only when the CPU layer is active).
 
-Each patch names the call site it serves and why. Patches that touch SGLang modules are
-deferred with `when_imported`, so register() imports nothing heavy. `install()` is
-idempotent and returns the patch names.
+Each patch names the call site it serves and why; the pure-torch code they bind lives in `sglang_ext/cpu/`.
+Patches that touch SGLang modules are deferred with `when_imported`, so register() imports nothing heavy.
+`install()` is idempotent and returns the patch names.
 """
 from __future__ import annotations
 
 import logging
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
+from sglang_ext.patches.wrap import when_imported, wrap
 
 logger = logging.getLogger(__name__)
 _applied: list[str] = []
@@ -21,15 +21,6 @@ def install() -> list[str]:
             patch()
             _applied.append(patch.__name__.lstrip("_"))
     return list(_applied)
-
-
-def _mark(obj, attr: str) -> bool:
-    """True the first time: guards every patch against double application."""
-    flag = f"__dflash_serve_patched_{attr}"
-    if getattr(obj, flag, False):
-        return False
-    setattr(obj, flag, True)
-    return True
 
 
 # -- server args ------------------------------------------------------------------------
@@ -78,18 +69,16 @@ def handle_dflash_on_cpu(server_args) -> None:
 
 
 def _builtin_dflash_on_cpu() -> None:
-    def patch(sh: ModuleType) -> None:
-        if not _mark(sh, "handle_dflash"):
-            return
-        original = sh._handle_dflash
-
+    def make(original):
         def _handle_dflash(server_args):
             if getattr(server_args, "device", None) != "cpu":
                 return original(server_args)
             return handle_dflash_on_cpu(server_args)
 
-        _handle_dflash.__wrapped__ = original
-        sh._handle_dflash = _handle_dflash  # spec_info.handle_server_args imports it at call time
+        return _handle_dflash
+
+    def patch(sh: ModuleType) -> None:
+        wrap(sh, "_handle_dflash", make)  # spec_info.handle_server_args imports it at call time
 
     when_imported("sglang.srt.arg_groups.speculative_hook", patch)
 
@@ -114,16 +103,15 @@ def _record_stream_cpu_noop() -> None:
     cross-stream lifetime tracking."""
     import torch
 
-    if not _mark(torch.Tensor, "record_stream"):
-        return
-    original = torch.Tensor.record_stream
+    def make(original):
+        def record_stream(self, stream):
+            if self.device.type == "cpu":
+                return None
+            return original(self, stream)
 
-    def record_stream(self, stream):
-        if self.device.type == "cpu":
-            return None
-        return original(self, stream)
+        return record_stream
 
-    torch.Tensor.record_stream = record_stream
+    wrap(torch.Tensor, "record_stream", make)
 
 
 def _dflash_draft_torch_qk_norm_rope() -> None:
@@ -131,17 +119,15 @@ def _dflash_draft_torch_qk_norm_rope() -> None:
     for bf16 when `use_table_qk_norm_rope`; its else-branch (apply_qk_norm + rotary_emb) is
     the same math in torch."""
 
-    def patch(dflash: ModuleType) -> None:
-        cls = dflash.DFlashAttention
-        if not _mark(cls, "init"):
-            return
-        original = cls.__init__
-
+    def make(original):
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
             self.use_table_qk_norm_rope = False
 
-        cls.__init__ = __init__
+        return __init__
+
+    def patch(dflash: ModuleType) -> None:
+        wrap(dflash.DFlashAttention, "__init__", make)
 
     when_imported("sglang.srt.models.dflash", patch)
 
@@ -151,12 +137,7 @@ def _input_embeds_in_runner_dtype() -> None:
     `.bfloat16()` on every device, so the DFlash draft (fed input embeds) breaks under
     `--dtype float32`. Cast to the runner's dtype instead (identical for bf16 models)."""
 
-    def patch(mr: ModuleType) -> None:
-        cls = mr.ModelRunner
-        if not _mark(cls, "extend_forward_kwargs"):
-            return
-        original = cls._extend_forward_kwargs
-
+    def make(original):
         def _extend_forward_kwargs(self, forward_batch, *args, **kwargs):
             out = original(self, forward_batch, *args, **kwargs)
             embeds = out.get("input_embeds")
@@ -164,7 +145,10 @@ def _input_embeds_in_runner_dtype() -> None:
                 out["input_embeds"] = forward_batch.input_embeds.to(self.dtype)
             return out
 
-        cls._extend_forward_kwargs = _extend_forward_kwargs
+        return _extend_forward_kwargs
+
+    def patch(mr: ModuleType) -> None:
+        wrap(mr.ModelRunner, "_extend_forward_kwargs", make)
 
     when_imported("sglang.srt.model_executor.model_runner", patch)
 
@@ -179,8 +163,6 @@ def _torch_native_block_attention() -> None:
 
     def patch(tnb: ModuleType) -> None:
         cls = tnb.TorchNativeAttnBackend
-        if not _mark(cls, "block_attention"):
-            return
         from sglang.srt.layers.radix_attention import AttentionType
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -203,25 +185,29 @@ def _torch_native_block_attention() -> None:
                          self.token_to_kv_pool.get_value_buffer(layer.layer_id), layer.scaling)
             return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-        original_extend, original_decode = cls.forward_extend, cls.forward_decode
+        def make_extend(original_extend):
+            def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+                if not forward_batch.forward_mode.is_target_verify() or layer.is_cross_attention:
+                    return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+                bs = forward_batch.seq_lens.shape[0]
+                rows = q.shape[0]
+                if rows % bs:
+                    raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
+                causal = layer.attn_type != AttentionType.ENCODER_ONLY
+                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal)
 
-        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if not forward_batch.forward_mode.is_target_verify() or layer.is_cross_attention:
-                return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-            bs = forward_batch.seq_lens.shape[0]
-            rows = q.shape[0]
-            if rows % bs:
-                raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
-            causal = layer.attn_type != AttentionType.ENCODER_ONLY
-            return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal)
+            return forward_extend
 
-        def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if layer.is_cross_attention:
-                return original_decode(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-            return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=1, causal=True)
+        def make_decode(original_decode):
+            def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+                if layer.is_cross_attention:
+                    return original_decode(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=1, causal=True)
 
-        cls.forward_extend = forward_extend
-        cls.forward_decode = forward_decode
+            return forward_decode
+
+        wrap(cls, "forward_extend", make_extend)
+        wrap(cls, "forward_decode", make_decode)
 
     when_imported("sglang.srt.layers.attention.torch_native_backend", patch)
 

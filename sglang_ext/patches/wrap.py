@@ -1,4 +1,8 @@
-"""Run a function when a module is first imported (or now, if it already is).
+"""The two primitives every patch of SGLang uses: defer until a module is imported, and wrap an attribute once.
+
+`when_imported(name, callback)`: run a function when a module is first imported (or now, if it already is).
+`wrap(owner, name, make)`: replace `owner.name` by `make(original)`, once (idempotent), with `__wrapped__` set so
+`inspect.unwrap` and the name-site audit reach upstream's source.
 
 Patching SGLang modules from `register()` must not import them: register() runs in the
 main process before arg parsing and before SGLang sets PROMETHEUS_MULTIPROC_DIR, and
@@ -13,7 +17,7 @@ import sys
 import threading
 from collections import defaultdict
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 _pending: dict[str, list[Callable[[ModuleType], None]]] = defaultdict(list)
 _lock = threading.RLock()
@@ -69,3 +73,22 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
                 sys.meta_path.insert(0, _finder)
             return
     callback(module)
+
+
+MARK = "__dflash_serve_patch__"
+
+
+def wrap(owner: Any, name: str, make: Callable[[Any], Callable]) -> Callable:
+    """Set ``owner.name = make(original)`` unless it is already our wrapper; return what is installed.
+
+    The wrapper carries ``__wrapped__ = original`` (upstream's object, for callers that must bypass us and for
+    ``inspect.unwrap``) and a marker that makes a second call a no-op (``register()`` runs in every process, and a
+    module may be patched through two import paths)."""
+    original = getattr(owner, name)
+    if getattr(original, MARK, False):
+        return original
+    wrapper = make(original)
+    wrapper.__wrapped__ = original  # the wrapper keeps its own __module__/__name__: tracebacks show it is ours
+    setattr(wrapper, MARK, True)
+    setattr(owner, name, wrapper)
+    return wrapper

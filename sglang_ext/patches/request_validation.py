@@ -30,10 +30,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
-
-_MARK = "__dflash_serve_request_validation__"
-
+from sglang_ext.patches.wrap import when_imported, wrap
 
 def check_token_ids(input_ids, vocab_size: int, what: str = "prompt token id") -> None:
     if not input_ids:
@@ -63,16 +60,6 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _wrap(cls, name: str, make):
-    original = getattr(cls, name)
-    if getattr(original, _MARK, False):
-        return
-    wrapper = make(original)
-    setattr(wrapper, _MARK, True)
-    wrapper.__wrapped__ = original
-    setattr(cls, name, wrapper)
-
-
 def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
     def make(original):
         def _validate_one_request(self, obj, input_ids):
@@ -85,9 +72,9 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
 
         return _validate_one_request
 
-    _wrap(tm_module.TokenizerManager, "_validate_one_request", make)
-    _wrap(tm_module.TokenizerManager, "_init_req_state", _shape_errors_are_client_errors)
-    _wrap(tm_module.TokenizerManager, "_create_tokenized_object",
+    wrap(tm_module.TokenizerManager, "_validate_one_request", make)
+    wrap(tm_module.TokenizerManager, "_init_req_state", _shape_errors_are_client_errors)
+    wrap(tm_module.TokenizerManager, "_create_tokenized_object",
           lambda original: _shape_errors_are_client_errors(original, (TypeError,)))
 
 
@@ -113,7 +100,7 @@ def _patch_detokenize(serving: ModuleType) -> None:
 
         return _validate_request
 
-    _wrap(serving.OpenAIServingDetokenize, "_validate_request", make)
+    wrap(serving.OpenAIServingDetokenize, "_validate_request", make)
 
 
 def _shape_errors_are_client_errors(original, errors=(IndexError, TypeError, KeyError, AttributeError)):
@@ -123,7 +110,6 @@ def _shape_errors_are_client_errors(original, errors=(IndexError, TypeError, Key
         except errors as e:
             raise ValueError(f"malformed request: {type(e).__name__}: {e}") from e
 
-    wrapper.__name__ = original.__name__
     return wrapper
 
 
@@ -131,7 +117,7 @@ def _patch_io_struct(io: ModuleType) -> None:
     # io_struct also checks request shapes with `assert` ("The rid should be a list.")
     shape = (IndexError, TypeError, KeyError, AttributeError, AssertionError)
     for cls in (io.GenerateReqInput, io.EmbeddingReqInput):
-        _wrap(cls, "normalize_batch_and_arguments", lambda original: _shape_errors_are_client_errors(original, shape))
+        wrap(cls, "normalize_batch_and_arguments", lambda original: _shape_errors_are_client_errors(original, shape))
 
 
 def install() -> None:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sglang_ext.imports import when_imported
+from sglang_ext.patches.wrap import when_imported, wrap
 
-_MARK = "__dflash_serve_headroom__"
 SIZING = "sglang.srt.mem_cache.allocation_sizing"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator"
 
@@ -28,29 +27,22 @@ def dflash_extra(num_draft_tokens: int, page_size: int) -> int:
     return 2 * num_draft_tokens + max(page_size, 1) - 1 + 4
 
 
-def _wrap(sizing: ModuleType):
-    original = sizing.get_req_to_token_extra_context_len
-    if getattr(original, _MARK, False):
-        return original
-
-    def get_req_to_token_extra_context_len() -> int:
-        extra = original()
-        from sglang.srt.runtime_context import get_spec
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        name = get_spec().speculative_algorithm
-        if name is None or not SpeculativeAlgorithm.from_string(name).is_dflash():
-            return extra
-        block = sizing.max_speculative_num_draft_tokens() or 0
-        return max(extra, dflash_extra(block, sizing.get_alloc_page_size()))
-
-    setattr(get_req_to_token_extra_context_len, _MARK, True)
-    get_req_to_token_extra_context_len.__wrapped__ = original
-    return get_req_to_token_extra_context_len
-
-
 def _patch_sizing(sizing: ModuleType) -> None:
-    sizing.get_req_to_token_extra_context_len = _wrap(sizing)
+    def make(original):
+        def get_req_to_token_extra_context_len() -> int:
+            extra = original()
+            from sglang.srt.runtime_context import get_spec
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+            name = get_spec().speculative_algorithm
+            if name is None or not SpeculativeAlgorithm.from_string(name).is_dflash():
+                return extra
+            block = sizing.max_speculative_num_draft_tokens() or 0
+            return max(extra, dflash_extra(block, sizing.get_alloc_page_size()))
+
+        return get_req_to_token_extra_context_len
+
+    wrap(sizing, "get_req_to_token_extra_context_len", make)
 
 
 def _patch_configurator(configurator: ModuleType) -> None:
