@@ -57,7 +57,7 @@ def _timed(fn, calls: int, repeats: int) -> np.ndarray:
 def bench(bs: int, calls: int, repeats: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     cfg = ControllerConfig()
-    ctrl = BlockSizeController(cfg, CostModel.default(cfg.candidates), MAX_BLOCK, is_rank0=True)
+    ctrl = BlockSizeController(cfg, CostModel.default(cfg.candidates_for(MAX_BLOCK)), MAX_BLOCK, is_rank0=True)
     ids = [f"req-{i}" for i in range(bs)]
     other = ids[1:] + ["req-x"]
     for step in range(300):

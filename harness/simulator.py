@@ -102,7 +102,7 @@ def make_cost_model(
     prof: RooflineProfile, ctrl_cfg: ControllerConfig, sim: SimConfig, rng: np.random.Generator
 ) -> CostModel:
     """The controller's cost model as a real server would start it (see ``cost_seed``)."""
-    cands = [b for b in ctrl_cfg.candidates if b <= sim.max_block]
+    cands = list(ctrl_cfg.candidates_for(sim.max_block))
     if sim.cost_seed == "startup":
         table = _startup_table(prof, cands, sim, rng)
         return CostModel.from_profile(table, cands, ema=ctrl_cfg.cost_ema)

@@ -7,17 +7,32 @@ SGLang's own parser by the preflight (`service.sglang_args`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      create_model, field_validator, model_validator)
+
+from sglang_ext.controller.config import ControllerConfig
+from sglang_ext.settings import DEFAULT_MAX_REQUEST_BYTES, AdaptiveSettings
 
 
 class ConfigError(ValueError):
     """A config problem, phrased for a one-line CLI error."""
+
+
+def _resolve(p: Path, info: ValidationInfo) -> Path:
+    """Relative paths are relative to the config file's directory (validation context ``base``)."""
+    p = Path(os.path.expanduser(str(p)))
+    base = (info.context or {}).get("base")
+    return p if p.is_absolute() or base is None else (Path(base) / p).resolve()
+
+
+ConfigPath = Annotated[Path, AfterValidator(_resolve)]
 
 
 class _Strict(BaseModel):
@@ -30,8 +45,8 @@ class Device(str, Enum):
 
 
 class ModelConfig(_Strict):
-    path: Path = Field(description="Directory of the target model (HF format).")
-    tokenizer: Path | None = Field(None, description="Tokenizer directory; defaults to the model's.")
+    path: ConfigPath = Field(description="Directory of the target model (HF format).")
+    tokenizer: ConfigPath | None = Field(None, description="Tokenizer directory; defaults to the model's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights/activations dtype; float32 gives bit-exact greedy comparisons on CPU.")
     served_name: str | None = Field(None, description="Model name clients send; defaults to the path.")
@@ -52,7 +67,7 @@ class ServerConfig(_Strict):
     max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens.")
     max_running_requests: int | None = Field(None, gt=0)
     max_request_bytes: int | None = Field(
-        2 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above it); null: no limit. "
+        DEFAULT_MAX_REQUEST_BYTES, gt=0, description="Largest request body accepted (413 above it); null: no limit. "
                                            "Bounds the CPU a single request can spend in tokenization.")
     shutdown_grace_seconds: float = Field(
         50, gt=0, description="After SIGTERM/SIGINT, how long in-flight requests may take to finish (new ones "
@@ -72,45 +87,51 @@ class ServerConfig(_Strict):
         return max(1, (os.cpu_count() or 2) - 1)
 
 
-class AdaptiveConfig(_Strict):
-    """speculative.adaptive: the block-size controller of dflash_adaptive (sglang_ext/controller/config.py
-    documents every setting; the defaults are the tested ones)."""
+def _controller_fields() -> dict[str, Any]:
+    """speculative.adaptive's controller keys: ControllerConfig's own fields and defaults (one definition; its
+    validation, which names the field, runs once when the config is loaded)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(ControllerConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out[f.name] = (Any, default)
+    return out
 
-    mode: Literal["adaptive", "fixed", "schedule", "cycle"] = Field(
-        "adaptive", description="adaptive: argmax of predicted goodput; fixed: always fixed_block; schedule: "
-                                "{batch_size: block}; cycle: every candidate in turn (diagnostics/tests only).")
-    candidates: list[int] = Field([1, 2, 4, 8, 16], description="Verify widths the controller may choose.")
-    fixed_block: int | None = None
-    schedule: dict[int, int] | None = None
-    hysteresis: float = Field(0.03, description="Relative predicted gain needed to switch width.")
-    min_dwell_steps: int = Field(8, description="Decisions to stay on a width before switching.")
-    decay: float = Field(0.99, description="Per-step decay of a request's acceptance statistics.")
-    probe_interval: int = Field(32, description="At width 1, draft the full block every N steps (0: never).")
-    objective: Literal["steady", "step"] = "steady"
-    cost_profile: Path | None = Field(
+
+class _AdaptiveExtras(_Strict):
+    """speculative.adaptive: the block-size controller of dflash_adaptive. Every field of
+    sglang_ext/controller/config.py ControllerConfig (documented there; the defaults are the tested ones), plus:"""
+
+    cost_profile: ConfigPath | None = Field(
         None, description="Step-cost profile JSON (measured table or roofline); default: packaged H200 roofline.")
     learn_costs: bool = Field(True, description="Refine the cost table from measured step times.")
+    _settings: AdaptiveSettings = PrivateAttr()
 
     @model_validator(mode="after")
-    def _controller_valid(self):
-        # one source of truth for the rules: the controller's own validation (its messages name the field)
-        from sglang_ext.controller.config import ControllerConfig
-
-        ControllerConfig.from_dict(self.controller_dict())
+    def _build_settings(self):
+        controller = ControllerConfig.from_dict({name: getattr(self, name) for name in CONTROLLER_KEYS})
+        self._settings = AdaptiveSettings(controller, None if self.cost_profile is None else str(self.cost_profile),
+                                          self.learn_costs)
         return self
 
-    def controller_dict(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"cost_profile", "learn_costs"})
+    @property
+    def settings(self) -> AdaptiveSettings:
+        """The worker's settings, built and validated once (at load)."""
+        return self._settings
+
+
+CONTROLLER_KEYS = tuple(f.name for f in dataclasses.fields(ControllerConfig))
+AdaptiveConfig = create_model("AdaptiveConfig", __base__=_AdaptiveExtras, **_controller_fields())
 
 
 class SpeculativeConfig(_Strict):
     algorithm: Literal["none", "dflash", "dflash_adaptive"] = Field(
         "none", description="none: plain decoding; dflash: upstream DFlash (fixed block); dflash_adaptive: "
                             "DFlash whose verify width the controller picks every decode step.")
-    draft_model_path: Path | None = Field(None, description="z-lab-format DFlash drafter directory.")
+    draft_model_path: ConfigPath | None = Field(None, description="z-lab-format DFlash drafter directory.")
     block_size: int | None = Field(
         None, ge=2, description="dflash only: tokens verified per step; defaults to the drafter's block_size.")
-    adaptive: AdaptiveConfig | None = Field(None, description="dflash_adaptive only: controller settings.")
+    adaptive: AdaptiveConfig | None = Field(  # type: ignore[valid-type]
+        None, description="dflash_adaptive only: controller settings (defaults when absent).")
 
     @model_validator(mode="after")
     def _needs_drafter(self):
@@ -121,16 +142,15 @@ class SpeculativeConfig(_Strict):
                              "verifies a prefix); choose widths with speculative.adaptive.candidates")
         if self.adaptive is not None and self.algorithm != "dflash_adaptive":
             raise ValueError("adaptive settings need algorithm: dflash_adaptive")
+        if self.algorithm == "dflash_adaptive" and self.adaptive is None:
+            object.__setattr__(self, "adaptive", AdaptiveConfig())  # the defaults, validated like a written section
         return self
 
-    def adaptive_settings(self):
-        """The worker's settings (sglang_ext.settings.AdaptiveSettings) for dflash_adaptive."""
-        from sglang_ext.controller.config import ControllerConfig
-        from sglang_ext.settings import AdaptiveSettings
-
-        a = self.adaptive or AdaptiveConfig()
-        return AdaptiveSettings(ControllerConfig.from_dict(a.controller_dict()),
-                                None if a.cost_profile is None else str(a.cost_profile), a.learn_costs)
+    def adaptive_settings(self) -> AdaptiveSettings:
+        """The worker's settings for dflash_adaptive (built at load)."""
+        if self.adaptive is None:
+            raise ValueError("adaptive settings exist only for algorithm: dflash_adaptive")
+        return self.adaptive.settings
 
 
 class ServeConfig(_Strict):
@@ -141,21 +161,6 @@ class ServeConfig(_Strict):
         default_factory=dict,
         description="Other `sglang serve` arguments by their flag name without dashes "
                     "(e.g. chunked_prefill_size: 512); validated against SGLang's parser.")
-
-    def resolve_paths(self, base: Path) -> "ServeConfig":
-        def res(p: Path | None) -> Path | None:
-            if p is None:
-                return None
-            p = Path(os.path.expanduser(str(p)))
-            return p if p.is_absolute() else (base / p).resolve()
-
-        model = self.model.model_copy(update={"path": res(self.model.path), "tokenizer": res(self.model.tokenizer)})
-        update: dict[str, Any] = {"draft_model_path": res(self.speculative.draft_model_path)}
-        if self.speculative.adaptive is not None:
-            a = self.speculative.adaptive
-            update["adaptive"] = a.model_copy(update={"cost_profile": res(a.cost_profile)})
-        spec = self.speculative.model_copy(update=update)
-        return self.model_copy(update={"model": model, "speculative": spec})
 
 
 def _format(err: ValidationError) -> str:
@@ -177,7 +182,7 @@ def parse_config(data: Any, base: Path = Path(".")) -> ServeConfig:
     if not isinstance(data, dict):
         raise ConfigError("(top level): expected a mapping of sections (model, server, speculative, sglang_args)")
     try:
-        return ServeConfig.model_validate(data).resolve_paths(base)
+        return ServeConfig.model_validate(data, context={"base": base})
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
 

@@ -18,13 +18,9 @@ import time
 from dataclasses import dataclass
 
 from service import preflight, sglang_args
-from sglang_ext import cpu, serve_entry
-from sglang_ext.patches import http_guard
-from sglang_ext.settings import ENV_VAR as ADAPTIVE_ENV_VAR
+from sglang_ext import names as env_names
+from sglang_ext.settings import HttpSettings
 from service.config import ConfigError, Device, ServeConfig
-
-CPU_ENV_VAR = cpu.ENV_VAR  # read by sglang_ext's .pth startup hook
-
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -43,7 +39,7 @@ def _sglang_command() -> list[str]:
 
 def activate_cpu_layer_here() -> None:
     """Importing sglang in *this* process (to validate sglang_args) needs the CPU stubs too."""
-    os.environ[CPU_ENV_VAR] = "1"
+    os.environ[env_names.CPU] = "1"
     from sglang_ext.cpu import startup
 
     startup.install()
@@ -53,13 +49,13 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     env = dict(os.environ if base is None else base)
     if config.server.device is Device.cpu:
         threads = str(config.server.resolved_cpu_threads())
-        env |= {CPU_ENV_VAR: "1", "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": threads}
+        env |= {env_names.CPU: "1", env_names.SGLANG_CPU_ENGINE: "1", env_names.OMP_THREADS: threads}
     else:
-        env.pop(CPU_ENV_VAR, None)
-    env.pop(ADAPTIVE_ENV_VAR, None)
-    env[http_guard.ENV_VAR] = http_guard.HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
+        env.pop(env_names.CPU, None)
+    env.pop(env_names.ADAPTIVE, None)
+    env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
     if config.speculative.algorithm == "dflash_adaptive":
-        env[ADAPTIVE_ENV_VAR] = config.speculative.adaptive_settings().to_json()
+        env[env_names.ADAPTIVE] = config.speculative.adaptive_settings().to_json()
     return env
 
 
@@ -99,7 +95,7 @@ def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPla
     argv = _sglang_command() + ["serve"] + sglang_args.to_argv(args)
     env = server_env(config)
     if api_key:
-        env[serve_entry.KEY_ENV] = api_key
+        env[env_names.API_KEY] = api_key
     return LaunchPlan(argv=argv, env=env, report=report)
 
 

@@ -115,19 +115,15 @@ def _check_adaptive(spec, draft_block: int) -> None:
     from sglang_ext.controller.cost_model import CostModel
 
     settings = spec.adaptive_settings()
-    too_wide = [b for b in settings.controller.candidates if b > draft_block]
-    if too_wide:
-        raise ConfigError(f"speculative.adaptive.candidates: {too_wide} exceed the drafter's trained block_size "
-                          f"{draft_block}; use widths in 1..{draft_block}")
-    try:
+    try:  # the one rule for widths, the same call the worker makes at start-up
         settings.controller.check_against_max_block(draft_block)
     except ValueError as e:
-        raise ConfigError(f"speculative.adaptive.{e}; the drafter's trained block_size is {draft_block}") from None
+        raise ConfigError(f"speculative.adaptive.{e}") from None
     if settings.cost_profile is not None:
         path = settings.cost_profile
         if not Path(path).is_file():
             raise ConfigError(f"speculative.adaptive.cost_profile: {path} is not a file")
         try:
-            CostModel.from_profile(path, [b for b in settings.controller.candidates if b <= draft_block])
+            CostModel.from_profile(path, list(settings.controller.candidates_for(draft_block)))
         except (ValueError, KeyError, TypeError, OSError) as e:  # json errors are ValueErrors
             raise ConfigError(f"speculative.adaptive.cost_profile: {path} is not a usable cost profile: {e}") from None

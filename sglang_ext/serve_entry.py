@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
-KEY_ENV = "DFLASH_SERVE_SGLANG_API_KEY"
+from sglang_ext import names as env
 
 
 def main() -> int:
-    key = os.environ.pop(KEY_ENV, None)
+    key = os.environ.pop(env.API_KEY, None)
     argv = ["sglang", *sys.argv[1:]]
     if key:
         argv += ["--api-key", key]

@@ -1,31 +1,55 @@
-"""What the DFLASH_ADAPTIVE worker is configured with, and how it travels to the scheduler process.
+"""What the plugin is configured with, and how it travels from the launcher to SGLang's processes.
 
-Why an environment variable: SGLang starts the scheduler in its own process from its own server args, which have
-no field for a plugin's settings (``--speculative-adaptive-config`` is EAGLE's and is refused for other
-algorithms). The launcher serialises the validated settings into ``DFLASH_SERVE_ADAPTIVE`` (JSON); spawned
-processes inherit it. Running ``sglang serve`` by hand works too: unset means the defaults.
+Why environment variables: SGLang starts the scheduler in its own process from its own server args, which have no
+field for a plugin's settings (``--speculative-adaptive-config`` is EAGLE's and is refused for other algorithms).
+
+Contract (one settings path):
+  * built and validated once, in the launcher's process: service/config.py turns the YAML into these records
+    (the YAML schema of ``speculative.adaptive`` is derived from ``ControllerConfig``'s fields and defaults) and
+    service/preflight.py checks them against the drafter (``ControllerConfig.check_against_max_block``);
+  * serialised with ``to_json`` into the variables named in names.py; read once, in the process that uses them
+    (``from_env``: the worker at start-up, the HTTP guard at import). Unset means the defaults, so a hand-run
+    ``sglang serve`` works too.
+  * errors name the variable or the field (``hysteresis: must be ...``).
 
 Pure module: no sglang, no torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from sglang_ext import names as env
 from sglang_ext.controller.config import ControllerConfig
 
-ENV_VAR = "DFLASH_SERVE_ADAPTIVE"
+DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+
+
+def _read_json(environ: Mapping[str, str], name: str) -> Mapping[str, Any] | None:
+    raw = environ.get(name)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{name}: expected a JSON object")
+    return data
 
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """controller: the block-size controller's settings.
+    """The DFLASH_ADAPTIVE worker's settings.
+
+    controller: the block-size controller's settings.
     cost_profile: JSON cost profile seeding the step-cost table (a measured table, or a roofline description; see
         controller/cost_model.py); None = the packaged H200 + Qwen3-8B roofline (right shape, wrong scale off it).
+        The preflight has loaded it once; the worker loads it for real.
     learn_costs: refine the cost table online from measured step times (off = the profile is the truth: for
         operators who profiled offline, and for tests that need a known cost landscape).
     """
@@ -33,6 +57,13 @@ class AdaptiveSettings:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     cost_profile: str | None = None
     learn_costs: bool = True
+
+    def controller_in_use(self) -> ControllerConfig:
+        """The controller's config as the worker runs it: without cost learning, exploring would only measure
+        cells nothing learns from, so it is off."""
+        if self.learn_costs:
+            return self.controller
+        return dataclasses.replace(self.controller, explore_margin=0.0)
 
     def to_json(self) -> str:
         return json.dumps({"controller": self.controller.to_dict(), "cost_profile": self.cost_profile,
@@ -44,9 +75,8 @@ class AdaptiveSettings:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown adaptive setting")
         profile = d.get("cost_profile")
-        if profile is not None:
-            if not isinstance(profile, str) or not Path(profile).is_file():
-                raise ValueError(f"cost_profile: {profile!r} is not a readable file")
+        if profile is not None and not isinstance(profile, str):
+            raise ValueError(f"cost_profile: must be a file path, got {profile!r}")
         learn = d.get("learn_costs", True)
         if not isinstance(learn, bool):
             raise ValueError(f"learn_costs: must be true or false, got {learn!r}")
@@ -54,13 +84,30 @@ class AdaptiveSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AdaptiveSettings":
-        raw = environ.get(ENV_VAR)
-        if not raw:
-            return cls()
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{ENV_VAR}: not valid JSON ({e})") from None
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{ENV_VAR}: expected a JSON object")
-        return cls.from_mapping(data)
+        data = _read_json(environ, env.ADAPTIVE)
+        return cls() if data is None else cls.from_mapping(data)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP guard's settings (patches/http_guard.py); their presence activates it (only under dflash-serve).
+
+    max_request_bytes: largest request body (413 above it); None = no limit.
+    check_model: answer 404 to a `model` the server does not serve.
+    """
+
+    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES
+    check_model: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "HttpSettings | None":
+        d = _read_json(environ, env.HTTP)
+        if d is None:
+            return None
+        limit = d.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
+            raise ValueError(f"{env.HTTP}: max_request_bytes must be a positive integer or null, got {limit!r}")
+        return cls(limit, bool(d.get("check_model", True)))

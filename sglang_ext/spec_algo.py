@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
+from sglang_ext.names import ALGORITHM
 from sglang_ext.patches.wrap import when_imported
 
-ALGORITHM = "DFLASH_ADAPTIVE"
 logger = logging.getLogger(__name__)
 _STRUCTURAL = ("create_future_map", "carries_draft_hidden_states", "need_topk", "get_platform_worker_cls",
                "build_disagg_draft_input")

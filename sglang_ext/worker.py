@@ -12,46 +12,42 @@ Each decode step:
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized.
 
-Feedback without a device sync: the step's drafted block and committed tokens are copied to the host
-asynchronously; SGLang calls ``on_verify_complete_cpu`` after its own copy-done sync, in launch order, and the
-worker then feeds the controller (acceptance, hindsight) and Prometheus. The cost learner (rank 0) gets the full
-step time, measured on the host between consecutive decode steps.
+This module is the tensor path only. The bookkeeping around it -- the decision, pending steps, step times,
+feedback to the controller and Prometheus -- is controller_loop.py's (no torch, no SGLang). Feedback needs no
+device sync: the step's drafted block and committed tokens are copied to the host asynchronously; SGLang calls
+``on_verify_complete_cpu`` after its own copy-done sync, in launch order, and the loop reads them then.
 
 Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino), a
 draft sliding window and hybrid (mamba) targets are refused at start-up with the fix (serve with ``dflash``).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from sglang_ext.controller.cost_model import CostModel
-from sglang_ext.controller.policy import BlockSizeController, Decision
+from sglang_ext.controller.policy import Decision
+from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
 
 logger = logging.getLogger(__name__)
-_RECENT_FINISHED = 4096
 
 
-@dataclass
-class _Pending:
-    """A launched decode step waiting for its results on the host."""
+@dataclass(frozen=True)
+class StepWindow:
+    """The step's KV window: B slots per request past its committed prefix (upstream's block preparation)."""
 
-    rids: list[str]
-    decision: Decision
-    drafted: torch.Tensor | None  # host [bs, B - 1] (async copy), None when the draft was skipped
-    committed: torch.Tensor  # host [bs, b] (async copy): accepted drafts then the bonus token
+    block_ids: torch.Tensor  # [bs, B]: the anchor, then mask tokens (the draft's input)
+    positions: torch.Tensor  # [bs, B]
+    cache_loc: torch.Tensor  # [bs, B] KV slots
+    plan: object  # kv_index_translator plan: binds the draft and verify forwards to the window
+    prefix_lens: torch.Tensor  # [bs] committed lengths
 
 
 class AdaptiveDFlashWorker(DFlashWorkerV2):
@@ -59,32 +55,30 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self._refuse_unsupported()
         self.max_block = int(self.block_size)  # the trained block B; self.block_size is upstream's and stays B
-        self.settings = AdaptiveSettings.from_env()
-        cfg = self.settings.controller
-        if not self.settings.learn_costs:  # exploring measures unmeasured cells: pointless when nothing is learnt
-            cfg = dataclasses.replace(cfg, explore_margin=0.0)
-        candidates = [b for b in cfg.candidates if b <= self.max_block]
-        cost = (CostModel.from_profile(self.settings.cost_profile, candidates, ema=cfg.cost_ema)
-                if self.settings.cost_profile else CostModel.default(candidates, ema=cfg.cost_ema))
-        self._tp_rank = int(upstream.get_parallel().tp_rank)
-        self.controller = BlockSizeController(cfg, cost, max_block=self.max_block, is_rank0=self._tp_rank == 0)
-        self._tp_group = upstream.get_parallel().tp_group
-        self._last_decode: tuple[float, int, Decision] | None = None  # (start, bs, decision) of the last decode step
-        self._pending: deque[_Pending] = deque()
-        self._finished: deque[str] = deque(maxlen=_RECENT_FINISHED)
-        self._finished_set: set[str] = set()
-        self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
-        self.metrics = None
-        if getattr(server_args, "enable_metrics", False) and self._tp_rank == 0:
+        settings = AdaptiveSettings.from_env()  # built and validated by the launcher; read once, here
+        parallel = upstream.get_parallel()
+        rank, group = int(parallel.tp_rank), parallel.tp_group
+        metrics = None
+        if getattr(server_args, "enable_metrics", False) and rank == 0:
             from sglang_ext.metrics import DFlashMetrics
 
-            name = server_args.served_model_name or server_args.model_path
-            self.metrics = DFlashMetrics(name, self.max_block, self.controller.candidates)
-            self._publish_model()
-        if self._tp_rank == 0:
+            cands = settings.controller.candidates_for(self.max_block)
+            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
+        try:
+            self.loop = ControllerLoop(settings, self.max_block, is_rank0=rank == 0, metrics=metrics,
+                                       broadcast=(lambda obj: group.broadcast_object(obj, src=0))
+                                       if group.world_size > 1 else None)
+        except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
+        self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
+        if rank == 0:
             logger.info("dflash-serve DFLASH_ADAPTIVE: block %d, candidates %s, mode %s, cost profile %s",
-                        self.max_block, self.controller.candidates, cfg.mode,
-                        self.settings.cost_profile or "packaged roofline")
+                        self.max_block, self.loop.candidates, settings.controller.mode,
+                        settings.cost_profile or "packaged roofline")
+
+    @property
+    def controller(self):
+        return self.loop.controller
 
     def _refuse_unsupported(self) -> None:
         fix = "serve this pair with speculative.algorithm: dflash"
@@ -107,14 +101,14 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()  # the draft graphs (full block) and upstream's start-up state
         if upstream.is_cuda():
-            self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.controller.candidates),
+            self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.loop.candidates),
                                                             self.max_block)
 
     def prewarm_sampling(self):
         result = super().prewarm_sampling()
         if upstream.is_cuda() and upstream.is_dflash_sampling_verify_available():
             # chain-verify buffers are keyed by width: size every width before anything borrows graph memory
-            for b in self.controller.candidates:
+            for b in self.loop.candidates:
                 upstream._get_or_create_chain_verify_buffers(bs=self._prewarm_batch_size(b), draft_token_num=b,
                                                              device=torch.device(self.device))
         return result
@@ -134,36 +128,17 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         now = time.perf_counter()
         mode = batch.forward_mode
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
-            self._last_decode = None  # the next decode step does not follow a decode step: no step time
+            self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                     pp_proxy_tensors=pp_proxy_tensors)
-        if self._last_decode is not None:
-            self._record_step_time(now - self._last_decode[0], *self._last_decode[1:])
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
-        decision = self.controller.decide(rids)
-        self._last_decode = (now, len(rids), decision)
+        decision = self.loop.begin_decode(rids, now)
         self._verify_runtimes.activate(decision.block_size)
-        result, drafted, committed = self._decode(batch, decision, on_publish, grammar_barrier)
-        self._pending.append(_Pending(rids, decision, drafted, committed))
-        return result
+        return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 
-    def _record_step_time(self, seconds: float, bs: int, decision: Decision) -> None:
-        """The full step time T(B, b): from one decode step's start to the next's (draft, verify, draft-KV append,
-        and the scheduler's result processing and scheduling in between, which grow with the committed tokens).
-        Host clock only: on GPU the host reaches the next launch after the previous step's copy-done sync, so in
-        steady state the interval is the device step, with no sync of our own."""
-        if self._tp_rank != 0:
-            return
-        try:
-            if self.settings.learn_costs:
-                self.controller.observe_step_time(bs, decision.block_size, seconds, draft_full=decision.draft_full)
-            if self.metrics is not None:
-                self.metrics.step_seconds[decision.block_size].observe(seconds)
-        except Exception:
-            logger.exception("dflash-serve: step-time feedback failed (serving continues)")
-
-    def _decode(self, batch, decision: Decision, on_publish, grammar_barrier):
+    def _decode(self, batch, rids: list[str], decision: Decision, on_publish, grammar_barrier):
+        """Draft (full block, or skipped), verify the first b, accept, append; hand the host copies to the loop."""
         draft_input = batch.spec_info
         if not isinstance(draft_input, upstream.DFlashDraftInputV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
@@ -179,9 +154,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         cand = tokens if b == B else tokens[:, :b].contiguous()
         result = self._verify(batch, draft_input, window, cand, b, bs, on_publish, grammar_barrier)
         committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
-        return result, drafted, committed
+        self.loop.launched(LaunchedStep(rids, decision, drafted, committed))
+        return result
 
-    def _plan_window(self, batch, draft_input, bs: int) -> dict:
+    def _plan_window(self, batch, draft_input, bs: int) -> StepWindow:
         """The step's KV window of B slots per request (upstream's block preparation, unchanged)."""
         B = self.max_block
         self._ensure_draft_block_buffers(bs)
@@ -214,8 +190,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
             seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
             write_virtual=loc_2d.reshape(-1), read_extent=B)
-        return {"block_ids": block_ids, "positions_2d": positions_2d, "loc_2d": loc_2d, "plan": plan,
-                "prefix_lens": prefix_lens}
+        return StepWindow(block_ids, positions_2d, loc_2d, plan, prefix_lens)
 
     def _host_kv_bound(self, batch, draft_input, bs: int, width: int):
         """(seq_lens_cpu, sum): a host upper bound of each request's KV length during a width-`width` forward."""
@@ -227,13 +202,13 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         lens = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
         return lens, int(lens.sum())
 
-    def _draft(self, batch, window: dict, bs: int) -> torch.Tensor:
+    def _draft(self, batch, window: StepWindow, bs: int) -> torch.Tensor:
         """Upstream's draft forward over the full block -> greedy draft tokens [bs, B - 1]."""
         B = self.max_block
         target_model = self.target_worker.model_runner.model
         embed = upstream.unwrap_lora_layer(upstream._resolve_dflash_embedding_module(self.draft_model, target_model))
         lm_head = upstream.unwrap_lora_layer(getattr(target_model, "lm_head", None))
-        block_ids = window["block_ids"]
+        block_ids = window.block_ids
         if self._full_embed_gpu is not None:
             noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
         else:
@@ -245,15 +220,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         seq_lens_cpu.copy_(lens)
         forward_batch = upstream.ForwardBatch(
             forward_mode=upstream.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices, seq_lens=window["prefix_lens"],
-            out_cache_loc=window["loc_2d"].reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
-            positions=window["positions_2d"].reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
+            req_pool_indices=batch.req_pool_indices, seq_lens=window.prefix_lens,
+            out_cache_loc=window.cache_loc.reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
+            positions=window.positions.reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
             spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH, spec_info=self._draft_block_spec_info,
             capture_hidden_mode=upstream.CaptureHiddenMode.NULL,
             num_token_non_padded=(torch.full((), bs * B, dtype=torch.int32, device=self.device)
                                   if upstream.enable_num_token_non_padded() else None),
             global_num_token_non_padded_cpu=bs * B, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
-        window["plan"].bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
         with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
         if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
@@ -266,17 +241,17 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             return self._greedy_sample_from_vocab_parallel_head(
                 hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, B - 1)
 
-    def _verify(self, batch, draft_input, window: dict, cand: torch.Tensor, b: int, bs: int, on_publish,
+    def _verify(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, b: int, bs: int, on_publish,
                 grammar_barrier):
         """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b)."""
         cols = slice(0, b)  # this step writes the first b slots of its B-slot window
-        plan, prefix_lens = window["plan"], window["prefix_lens"]
-        positions = window["positions_2d"][:, :b].reshape(-1)
+        plan, prefix_lens = window.plan, window.prefix_lens
+        positions = window.positions[:, :b].reshape(-1)
         grammar_tree = upstream.GrammarTree.from_linear_chain(cand) if batch.has_grammar else None
         verify_input = upstream.DFlashVerifyInput(
             draft_token=cand.reshape(-1), positions=positions, draft_token_num=b, custom_mask=None,
             capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=plan, kv_loc_cols=cols)
-        batch.out_cache_loc = window["loc_2d"][:, :b].reshape(-1)
+        batch.out_cache_loc = window.cache_loc[:, :b].reshape(-1)
         sampling_info = batch.sampling_info
         saved = batch.seq_lens_cpu, batch.seq_lens_sum
         if batch.seq_lens_cpu is not None or draft_input.nxt_kv_lens_cpu is not None:
@@ -345,58 +320,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             new_seq_lens=new_seq_lens, routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output)
 
-    # -- feedback (host side, after SGLang's copy-done sync) --------------------------------------------------------
+    # -- feedback (host side, after SGLang's copy-done sync): the loop's ------------------------------------------
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
-        step = self._pop_pending(batch_size)
-        if step is None:
-            return
-        try:
-            self._observe(step, np.asarray(num_correct_drafts_per_req, dtype=np.int64))
-        except Exception:  # a controller fault must not take serving down: keep the last width, say so
-            logger.exception("dflash-serve: controller feedback failed (serving continues)")
-            if self.metrics is not None:
-                self.metrics.errors.inc()
-
-    def _pop_pending(self, batch_size: int) -> _Pending | None:
-        # Results arrive in launch order; a step whose result SGLang never processed is dropped here.
-        while self._pending:
-            step = self._pending.popleft()
-            if len(step.rids) == batch_size:
-                return step
-            logger.warning("dflash-serve: dropping feedback of a %d-request step (got %d)", len(step.rids),
-                           batch_size)
-        return None
-
-    def _observe(self, step: _Pending, accepted: np.ndarray) -> None:
-        d, ctl = step.decision, self.controller
-        committed = step.committed.numpy()
-        ctl.observe_step(step.rids, d.block_size, accepted,
-                         None if step.drafted is None else step.drafted.numpy(),
-                         [row[: a + 1] for row, a in zip(committed, accepted)])
-        for rid in step.rids:  # a request that finished while this step was in flight
-            if rid in self._finished_set:
-                ctl.finish(rid)
-        synced = False
-        if ctl.cost_sync_due:
-            ctl.sync_cost_table(self._broadcast if self._tp_group.world_size > 1 else None)
-            synced = True
-        if self.metrics is not None:
-            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                     predicted_goodput=d.predicted_goodput)
-            if synced:
-                self._publish_model()
-
-    def _broadcast(self, payload):
-        return self._tp_group.broadcast_object(payload, src=0)
-
-    def _publish_model(self) -> None:
-        cost = self.controller.cost_model
-        self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
-                                  cost.block_sizes, cost.table)
+        self.loop.complete(num_correct_drafts_per_req, batch_size)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        self.controller.finish(rid)
-        if len(self._finished) == self._finished.maxlen:
-            self._finished_set.discard(self._finished[0])
-        self._finished.append(rid)
-        self._finished_set.add(rid)
+        self.loop.request_finished(rid)

@@ -8,8 +8,10 @@ Contract:
   * ``validate()`` raises ``ValueError`` whose message starts with ``"<field>: "``.
   * ``from_dict(d)`` accepts plain JSON/YAML data (lists for tuples, string keys for ``schedule``) and rejects
     unknown keys, naming them.
-  * Bounds that depend on the drafter (``max_block``) are checked by ``check_against_max_block`` when the
-    controller is built, because the config file does not know the checkpoint.
+  * Bounds that depend on the drafter (``max_block``) are checked by ``check_against_max_block``, the one rule
+    for widths: every listed candidate must be <= the drafter's trained block (refused, never dropped). The
+    service's preflight runs it with the checkpoint's block and the worker again at start-up (for `sglang serve`
+    by hand). ``candidates_for(max_block)`` is the resolved list every consumer uses.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class ControllerConfig:
         (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
         smallest key's entry applies). ``cycle`` walks the candidates in order, one per decode step: a diagnostic
         and test mode that exercises every width switch (never a performance setting).
-    candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1.
+    candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
+        default) = auto: the powers of two below the drafter's trained block, and the block itself.
     hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
     min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size
         bucket changes: a new load level is a new situation, not noise).
@@ -68,7 +71,7 @@ class ControllerConfig:
     """
 
     mode: str = "adaptive"
-    candidates: tuple[int, ...] = (1, 2, 4, 8, 16)
+    candidates: tuple[int, ...] | None = None
     hysteresis: float = 0.03
     min_dwell_steps: int = 8
     decay: float = 0.99
@@ -100,12 +103,13 @@ class ControllerConfig:
         if self.mode not in MODES:
             _fail("mode", f"must be one of {MODES}, got {self.mode!r}")
         c = self.candidates
-        if not isinstance(c, tuple) or len(c) == 0:
-            _fail("candidates", f"must be a non-empty sequence of ints, got {c!r}")
-        if not all(_is_int(b) and b >= 1 for b in c):
-            _fail("candidates", f"every block size must be an int >= 1, got {c!r}")
-        if any(b2 <= b1 for b1, b2 in zip(c, c[1:])):
-            _fail("candidates", f"must be strictly increasing, got {c!r}")
+        if c is not None:
+            if not isinstance(c, tuple) or len(c) == 0:
+                _fail("candidates", f"must be a non-empty sequence of ints (or unset for auto), got {c!r}")
+            if not all(_is_int(b) and b >= 1 for b in c):
+                _fail("candidates", f"every block size must be an int >= 1, got {c!r}")
+            if any(b2 <= b1 for b1, b2 in zip(c, c[1:])):
+                _fail("candidates", f"must be strictly increasing, got {c!r}")
         if not (_is_real(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
             _fail("hysteresis", f"must be a number in [0, 1), got {self.hysteresis!r}")
         if not (_is_int(self.min_dwell_steps) and self.min_dwell_steps >= 0):
@@ -138,7 +142,7 @@ class ControllerConfig:
         if self.fixed_block is not None:
             if not (_is_int(self.fixed_block) and self.fixed_block >= 1):
                 _fail("fixed_block", f"must be an int >= 1, got {self.fixed_block!r}")
-            if self.fixed_block not in c:
+            if c is not None and self.fixed_block not in c:
                 _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {c}")
         if self.mode == "schedule" and self.schedule is None:
             _fail("schedule", "is required when mode is 'schedule'")
@@ -148,21 +152,37 @@ class ControllerConfig:
             for bs, blk in self.schedule:
                 if not (_is_int(bs) and bs >= 1):
                     _fail("schedule", f"batch-size key must be an int >= 1, got {bs!r}")
-                if blk not in c:
+                if not (_is_int(blk) and blk >= 1):
+                    _fail("schedule", f"block for batch size {bs} must be an int >= 1, got {blk!r}")
+                if c is not None and blk not in c:
                     _fail("schedule", f"block {blk!r} for batch size {bs} is not one of the candidates {c}")
 
+    def candidates_for(self, max_block: int) -> tuple[int, ...]:
+        """The widths in use with a drafter of trained block ``max_block`` (call ``check_against_max_block``
+        first): the listed candidates, or auto = 1, 2, 4, ... below max_block, then max_block."""
+        if self.candidates is not None:
+            return self.candidates
+        auto = [1 << k for k in range(max_block.bit_length()) if (1 << k) < max_block]
+        return tuple(auto + [max_block])
+
     def check_against_max_block(self, max_block: int) -> None:
-        """Check drafter-dependent bounds: every block used must be <= the drafter's trained block."""
+        """The one rule for widths: every block used must be <= the drafter's trained block (refused, never
+        silently dropped); fixed_block and the schedule's blocks must be among the resolved candidates."""
         if not (_is_int(max_block) and max_block >= 1):
             _fail("max_block", f"must be an int >= 1, got {max_block!r}")
-        if not any(b <= max_block for b in self.candidates):
-            _fail("candidates", f"no candidate <= max_block={max_block}: {self.candidates}")
-        if self.fixed_block is not None and self.fixed_block > max_block:
-            _fail("fixed_block", f"{self.fixed_block} exceeds the drafter's block size {max_block}")
-        if self.schedule is not None:
-            for bs, blk in self.schedule:
-                if blk > max_block:
-                    _fail("schedule", f"block {blk} for batch size {bs} exceeds the drafter's block {max_block}")
+        if self.candidates is not None:
+            too_wide = [b for b in self.candidates if b > max_block]
+            if too_wide:
+                _fail("candidates", f"{too_wide} exceed the drafter's trained block_size {max_block}; use widths in "
+                                    f"1..{max_block}, or leave candidates unset (auto)")
+        cands = self.candidates_for(max_block)
+        if self.fixed_block is not None and self.fixed_block not in cands:
+            _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {cands} (drafter block "
+                                 f"{max_block})")
+        for bs, blk in self.schedule or ():
+            if blk not in cands:
+                _fail("schedule", f"block {blk} for batch size {bs} is not one of the candidates {cands} (drafter "
+                                  f"block {max_block})")
 
     def schedule_map(self) -> dict[int, int]:
         """The schedule as a plain dict (empty when unset)."""
@@ -171,7 +191,7 @@ class ControllerConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form; ``from_dict(cfg.to_dict()) == cfg``."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["candidates"] = list(self.candidates)
+        d["candidates"] = None if self.candidates is None else list(self.candidates)
         d["schedule"] = None if self.schedule is None else {str(k): v for k, v in self.schedule}
         return d
 

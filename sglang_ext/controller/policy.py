@@ -100,7 +100,7 @@ class BlockSizeController:
         self.cost_model = cost
         self.max_block = int(max_block)
         self.is_rank0 = bool(is_rank0)
-        cands = [b for b in cfg.candidates if b <= max_block]
+        cands = list(cfg.candidates_for(max_block))
         missing = [b for b in cands if b not in cost.block_sizes]
         if missing:
             raise ValueError(f"candidates: {missing} have no column in the cost model {cost.block_sizes}")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
-ENV_VAR = "DFLASH_SERVE_CPU"
+from sglang_ext import names as env
 
 
 def is_active() -> bool:
-    return os.environ.get(ENV_VAR) == "1"
+    return os.environ.get(env.CPU) == "1"

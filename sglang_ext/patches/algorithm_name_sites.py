@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from sglang_ext.patches.wrap import when_imported, wrap
-from sglang_ext.spec_algo import ALGORITHM
+from sglang_ext.names import ALGORITHM
 
 
 def _forces_eagle_topk_one_as_dflash() -> None:

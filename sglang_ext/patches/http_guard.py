@@ -33,14 +33,12 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from sglang_ext.patches.wrap import when_imported, wrap
+from sglang_ext.settings import HttpSettings
 
-ENV_VAR = "DFLASH_SERVE_HTTP"
-DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
 logger = logging.getLogger(__name__)
 
 # Answered by SGLang in another API's error format: leave their errors as they are.
@@ -52,26 +50,6 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 _MAX_ERROR_BODY = 256 * 1024
 DRAIN_CAP = 32 * 1024 * 1024  # most of a refused body read (and dropped) so the client sees the 413
 _FILE_LINE = re.compile(r'\s*File "[^"]*", line \d+[^\n]*')
-
-
-@dataclass(frozen=True)
-class HttpSettings:
-    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES
-    check_model: bool = True
-
-    def to_json(self) -> str:
-        return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model})
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "HttpSettings | None":
-        raw = environ.get(ENV_VAR)
-        if not raw:
-            return None
-        d = json.loads(raw)
-        limit = d.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
-        if limit is not None and (not isinstance(limit, int) or limit <= 0):
-            raise ValueError(f"{ENV_VAR}: max_request_bytes must be a positive integer or null, got {limit!r}")
-        return cls(limit, bool(d.get("check_model", True)))
 
 
 # ---------------------------------------------------------------------------------------------- error bodies

@@ -13,7 +13,8 @@ from service.config import ConfigError, parse_config
 from service.launcher import server_env
 from service.preflight import check
 from sglang_ext.metrics import DFlashMetrics
-from sglang_ext.settings import ENV_VAR, AdaptiveSettings
+from sglang_ext.names import ADAPTIVE as ENV_VAR
+from sglang_ext.settings import AdaptiveSettings
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,10 @@ def config(pair, **adaptive):
     ({"hysteresis": 2}, "speculative.adaptive.hysteresis: must be a number in [0, 1)"),
     ({"candidates": [4, 2]}, "speculative.adaptive.candidates: must be strictly increasing"),
     ({"mode": "fixed"}, "speculative.adaptive.fixed_block: is required when mode is 'fixed'"),
-    ({"mode": "fixed", "fixed_block": 3}, "speculative.adaptive.fixed_block: 3 is not one of the candidates"),
-    ({"mode": "schedule", "schedule": {1: 16, 8: 3}}, "speculative.adaptive.schedule: block 3 for batch size 8"),
+    ({"mode": "fixed", "fixed_block": 3, "candidates": [1, 2, 4]},
+     "speculative.adaptive.fixed_block: 3 is not one of the candidates"),
+    ({"mode": "schedule", "schedule": {1: 16, 8: 3}, "candidates": [1, 16]},
+     "speculative.adaptive.schedule: block 3 for batch size 8"),
     ({"decay": 0}, "speculative.adaptive.decay: must be a number in (0, 1]"),
     ({"probe_interval": -1}, "speculative.adaptive.probe_interval"),
     ({"mode": "fastest"}, "speculative.adaptive.mode"),
@@ -59,6 +62,9 @@ def test_block_size_and_adaptive_section_belong_to_their_algorithms(pair):
 
 @pytest.mark.parametrize("adaptive, message", [
     ({"candidates": [1, 4, 32]}, "speculative.adaptive.candidates: [32] exceed the drafter's trained block_size 16"),
+    ({"mode": "fixed", "fixed_block": 3}, "speculative.adaptive.fixed_block: 3 is not one of the candidates "
+                                          "(1, 2, 4, 8, 16)"),  # auto candidates: known once the drafter is
+    ({"mode": "schedule", "schedule": {1: 16, 8: 3}}, "speculative.adaptive.schedule: block 3 for batch size 8"),
     ({"cost_profile": "missing.json"}, "speculative.adaptive.cost_profile:"),
 ])
 def test_settings_that_need_the_drafter_refused_at_preflight(pair, tmp_path, adaptive, message):

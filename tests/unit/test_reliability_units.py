@@ -16,7 +16,9 @@ import types
 
 import pytest
 
+from sglang_ext import names as env
 from sglang_ext.patches import dflash_headroom, http_guard, idle_metrics, request_validation
+from sglang_ext.settings import HttpSettings
 from service import launcher
 from service.config import ConfigError, parse_config
 
@@ -70,7 +72,7 @@ def echo_app(status=200, body=b'{"ok": true}', content_type=b"application/json")
 
 
 def guard(app, tm=None, limit=1000):
-    return http_guard.HttpGuard(app, http_guard.HttpSettings(max_request_bytes=limit), lambda: tm)
+    return http_guard.HttpGuard(app, HttpSettings(max_request_bytes=limit), lambda: tm)
 
 
 def shape(body: bytes) -> dict:
@@ -188,11 +190,11 @@ def test_draining_server_refuses_new_requests_but_not_probes():
 
 def test_guard_is_off_without_the_launcher_variable():
     assert http_guard.install({}) is False
-    assert http_guard.HttpSettings.from_env({}) is None
-    s = http_guard.HttpSettings.from_env({http_guard.ENV_VAR: http_guard.HttpSettings(123).to_json()})
+    assert HttpSettings.from_env({}) is None
+    s = HttpSettings.from_env({env.HTTP: HttpSettings(123).to_json()})
     assert s.max_request_bytes == 123
     with pytest.raises(ValueError):
-        http_guard.HttpSettings.from_env({http_guard.ENV_VAR: '{"max_request_bytes": -1}'})
+        HttpSettings.from_env({env.HTTP: '{"max_request_bytes": -1}'})
 
 
 # ---------------------------------------------------------------------------------------------- SGLang patches
@@ -270,10 +272,10 @@ def test_config_defaults_and_environment():
     cfg = parse_config({"model": {"path": "/m"}})
     assert cfg.server.host == "127.0.0.1"
     assert cfg.server.max_request_bytes == 2 * 1024 * 1024 and cfg.server.shutdown_grace_seconds == 50
-    env = launcher.server_env(cfg, base={})
-    assert json.loads(env[http_guard.ENV_VAR])["max_request_bytes"] == 2 * 1024 * 1024
+    server_env = launcher.server_env(cfg, base={})
+    assert json.loads(server_env[env.HTTP])["max_request_bytes"] == 2 * 1024 * 1024
     assert json.loads(launcher.server_env(parse_config({"model": {"path": "/m"}, "server": {
-        "max_request_bytes": None}}), base={})[http_guard.ENV_VAR])["max_request_bytes"] is None
+        "max_request_bytes": None}}), base={})[env.HTTP])["max_request_bytes"] is None
     with pytest.raises(ConfigError, match="server.shutdown_grace_seconds"):
         parse_config({"model": {"path": "/m"}, "server": {"shutdown_grace_seconds": 0}})
 

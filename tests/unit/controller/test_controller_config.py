@@ -13,7 +13,7 @@ from sglang_ext.controller import ControllerConfig
 def test_defaults_match_the_worker_contract() -> None:
     cfg = ControllerConfig(
         mode="adaptive",
-        candidates=(1, 2, 4, 8, 16),
+        candidates=None,  # auto: powers of two up to the drafter's block
         hysteresis=0.03,
         min_dwell_steps=8,
         decay=0.99,
@@ -62,8 +62,10 @@ def test_defaults_match_the_worker_contract() -> None:
     ],
 )
 def test_invalid_field_is_named(field: str, value: object) -> None:
+    # blocks are checked against listed candidates here, against auto candidates once the drafter is known
+    listed = {"candidates": (1, 2, 4, 8, 16)} if field in ("fixed_block", "schedule") else {}
     with pytest.raises(ValueError) as e:
-        ControllerConfig(**{field: value})
+        ControllerConfig(**{field: value}, **listed)
     assert str(e.value).startswith(f"{field}:"), str(e.value)
 
 
@@ -93,10 +95,19 @@ def test_from_dict_unknown_key_is_named() -> None:
 def test_max_block_bounds_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"^fixed_block:"):
         ControllerConfig(mode="fixed", fixed_block=16).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^fixed_block: 3 is not one of the candidates \(1, 2, 4, 8\)"):
+        ControllerConfig(mode="fixed", fixed_block=3).check_against_max_block(8)  # auto candidates
     with pytest.raises(ValueError, match=r"^schedule:"):
         ControllerConfig(mode="schedule", schedule={1: 16}).check_against_max_block(8)
-    with pytest.raises(ValueError, match=r"^candidates:"):
-        ControllerConfig(candidates=(16,)).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^candidates: \[16\] exceed"):  # one rule: refused, never dropped
+        ControllerConfig(candidates=(1, 4, 16)).check_against_max_block(8)
     with pytest.raises(ValueError, match=r"^max_block:"):
         ControllerConfig().check_against_max_block(0)
-    ControllerConfig().check_against_max_block(8)  # larger candidates are simply unused
+    ControllerConfig().check_against_max_block(8)
+
+
+def test_auto_candidates_are_powers_of_two_up_to_the_block() -> None:
+    assert ControllerConfig().candidates_for(16) == (1, 2, 4, 8, 16)
+    assert ControllerConfig().candidates_for(10) == (1, 2, 4, 8, 10)
+    assert ControllerConfig().candidates_for(1) == (1,)
+    assert ControllerConfig(candidates=(1, 8)).candidates_for(16) == (1, 8)

@@ -37,7 +37,7 @@ class GreedyStream:
 
 def _controller(**kw: object) -> BlockSizeController:
     cfg = ControllerConfig(decay=1.0, global_decay=1.0, **kw)  # type: ignore[arg-type]
-    return BlockSizeController(cfg, CostModel.default(cfg.candidates), max_block=MAXB)
+    return BlockSizeController(cfg, CostModel.default(cfg.candidates_for(MAXB)), max_block=MAXB)
 
 
 @settings(max_examples=20, deadline=None)

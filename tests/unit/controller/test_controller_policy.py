@@ -244,7 +244,9 @@ def test_observe_step_validation() -> None:
 
 def test_candidates_bounded_by_max_block_and_cost_columns() -> None:
     ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), max_block=8)
-    assert ctrl.candidates == (1, 2, 4, 8)
+    assert ctrl.candidates == (1, 2, 4, 8)  # auto
+    with pytest.raises(ValueError, match=r"^candidates: \[16\] exceed"):
+        BlockSizeController(ControllerConfig(candidates=BLOCKS), CostModel.default(BLOCKS), max_block=8)
     assert ctrl.acceptance_probabilities().shape == (7,)
     with pytest.raises(ValueError, match=r"^candidates:"):
         BlockSizeController(ControllerConfig(candidates=(1, 3)), CostModel.default(BLOCKS))

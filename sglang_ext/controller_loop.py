@@ -1,0 +1,183 @@
+"""The DFLASH_ADAPTIVE feedback loop: decisions out, host-side results in. No tensors, no SGLang.
+
+Why apart from the worker: the worker (worker.py) is the tensor path -- draft, verify, accept, draft-KV append --
+and changes when SGLang's DFlash code changes; this loop is the bookkeeping around it -- which step is pending,
+what a step cost, what the controller and Prometheus are told -- and changes when the controller does. Here it
+runs and is tested without SGLang or torch (tests/unit/test_controller_loop.py).
+
+Contract (the worker calls, in this order per decode step):
+  * ``begin_decode(rids, now)`` -> ``Decision``: credits the previous decode step's start-to-start interval to
+    that step (when the previous forward was a decode step) and asks the controller for this step's width;
+  * ``launched(step)``: the step is on its way; its host copies (``drafted``, ``committed``) are read only in
+    ``complete``, after SGLang's copy-done sync;
+  * ``complete(accepted, batch_size)``: SGLang's ``on_verify_complete_cpu``, in launch order; feeds acceptance,
+    hindsight, the cost-table broadcast and metrics. Never raises: a fault is logged and counted
+    (``dflash_controller_errors_total``) and serving keeps the last width;
+  * ``interrupt()``: a non-decode forward (prefill, idle) ran, so the next decode step has no predecessor and no
+    step time; ``request_finished(rid)``: forget a request (also when its last step is still pending).
+Invariants: decisions depend only on data identical on every TP rank (rids, accept counts, the broadcast cost
+table); step times, cost learning and metrics are rank 0's; nothing here waits on a device.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from sglang_ext.controller.cost_model import CostModel
+from sglang_ext.controller.policy import BlockSizeController, Decision
+from sglang_ext.settings import AdaptiveSettings
+
+logger = logging.getLogger(__name__)
+RECENT_FINISHED = 4096  # finished rids remembered for steps still in flight when their request ended
+
+
+class HostArray(Protocol):
+    """A host copy that may still be in flight (a CPU torch tensor filled by a non-blocking copy)."""
+
+    def numpy(self) -> np.ndarray: ...
+
+
+class Metrics(Protocol):
+    """What the loop publishes (sglang_ext.metrics.DFlashMetrics)."""
+
+    errors: Any
+    step_seconds: Any
+
+    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray,
+                    predicted_goodput: float) -> None: ...
+
+    def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
+                     table: np.ndarray) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """When a decode step was launched, for how many requests, at which width."""
+
+    start: float
+    batch_size: int
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A decode step whose results are on their way to the host."""
+
+    rids: list[str]
+    decision: Decision
+    drafted: HostArray | None  # [bs, B - 1] drafted block; None when the draft was skipped
+    committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request
+
+
+class ControllerLoop:
+    def __init__(self, settings: AdaptiveSettings, max_block: int, *, is_rank0: bool,
+                 broadcast: Callable[[Any], Any] | None = None, metrics: Metrics | None = None) -> None:
+        """``broadcast``: the TP group's object broadcast from rank 0 (None on a single rank)."""
+        cfg = settings.controller_in_use()
+        cfg.check_against_max_block(max_block)  # the same rule the preflight applied: a hand-run server too
+        candidates = list(cfg.candidates_for(max_block))
+        cost = (CostModel.from_profile(settings.cost_profile, candidates, ema=cfg.cost_ema)
+                if settings.cost_profile else CostModel.default(candidates, ema=cfg.cost_ema))
+        self.settings = settings
+        self.controller = BlockSizeController(cfg, cost, max_block=max_block, is_rank0=is_rank0)
+        self.is_rank0 = is_rank0
+        self.metrics = metrics
+        self._broadcast = broadcast
+        self._last: StepStart | None = None
+        self._pending: deque[LaunchedStep] = deque()
+        self._finished: deque[str] = deque(maxlen=RECENT_FINISHED)
+        self._finished_set: set[str] = set()
+        if metrics is not None:
+            self._publish_model()
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        return self.controller.candidates
+
+    # -- launch side -------------------------------------------------------------------------------------------
+    def begin_decode(self, rids: list[str], now: float) -> Decision:
+        if self._last is not None:
+            self._record_step_time(now - self._last.start, self._last)
+        decision = self.controller.decide(rids)
+        self._last = StepStart(now, len(rids), decision)
+        return decision
+
+    def interrupt(self) -> None:
+        self._last = None
+
+    def launched(self, step: LaunchedStep) -> None:
+        self._pending.append(step)
+
+    def _record_step_time(self, seconds: float, step: StepStart) -> None:
+        """The full step time T(B, b): from one decode step's start to the next's (draft, verify, draft-KV append,
+        and the scheduler's result processing and scheduling in between, which grow with the committed tokens).
+        Host clock only: on GPU the host reaches the next launch after the previous step's copy-done sync, so in
+        steady state the interval is the device step, with no sync of our own."""
+        if not self.is_rank0:
+            return
+        try:
+            d = step.decision
+            if self.settings.learn_costs:
+                self.controller.observe_step_time(step.batch_size, d.block_size, seconds, draft_full=d.draft_full)
+            if self.metrics is not None:
+                self.metrics.step_seconds[d.block_size].observe(seconds)
+        except Exception:
+            logger.exception("dflash-serve: step-time feedback failed (serving continues)")
+
+    # -- result side (after SGLang's copy-done sync) -------------------------------------------------------------
+    def complete(self, accepted: Sequence[int], batch_size: int) -> None:
+        step = self._pop(batch_size)
+        if step is None:
+            return
+        try:
+            self._observe(step, np.asarray(accepted, dtype=np.int64))
+        except Exception:  # a controller fault must not take serving down: keep the last width, say so
+            logger.exception("dflash-serve: controller feedback failed (serving continues)")
+            if self.metrics is not None:
+                self.metrics.errors.inc()
+
+    def _pop(self, batch_size: int) -> LaunchedStep | None:
+        # Results arrive in launch order; a step whose result SGLang never processed is dropped here.
+        while self._pending:
+            step = self._pending.popleft()
+            if len(step.rids) == batch_size:
+                return step
+            logger.warning("dflash-serve: dropping feedback of a %d-request step (got %d)", len(step.rids),
+                           batch_size)
+        return None
+
+    def _observe(self, step: LaunchedStep, accepted: np.ndarray) -> None:
+        d, ctl = step.decision, self.controller
+        committed = step.committed.numpy()
+        ctl.observe_step(step.rids, d.block_size, accepted,
+                         None if step.drafted is None else step.drafted.numpy(),
+                         [row[: a + 1] for row, a in zip(committed, accepted)])
+        for rid in step.rids:  # a request that finished while this step was in flight
+            if rid in self._finished_set:
+                ctl.finish(rid)
+        synced = False
+        if ctl.cost_sync_due:
+            ctl.sync_cost_table(self._broadcast)
+            synced = True
+        if self.metrics is not None:
+            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
+                                     predicted_goodput=d.predicted_goodput)
+            if synced:
+                self._publish_model()
+
+    def _publish_model(self) -> None:
+        cost = self.controller.cost_model
+        self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
+                                  cost.block_sizes, cost.table)
+
+    def request_finished(self, rid: str) -> None:
+        self.controller.finish(rid)
+        if len(self._finished) == self._finished.maxlen:
+            self._finished_set.discard(self._finished[0])
+        self._finished.append(rid)
+        self._finished_set.add(rid)

@@ -1,0 +1,29 @@
+"""Every name the plugin shares across processes: the environment variables the product sets or reads, and the
+speculative algorithm it registers (one place to grep; no imports, no logic).
+
+Why environment variables: SGLang starts its scheduler and detokenizer in their own processes from its own server
+arguments, which have no field for a plugin's settings; environment variables are inherited by every process it
+spawns. The launcher (service/launcher.py `server_env`) writes them; the plugin reads them (settings.py, cpu/).
+"""
+from __future__ import annotations
+
+ALGORITHM = "DFLASH_ADAPTIVE"
+"""`--speculative-algorithm` of `speculative.algorithm: dflash_adaptive` (registered by spec_algo.py; the name-site
+patches answer for it as for DFLASH)."""
+
+# Set by the launcher, read by the plugin ------------------------------------------------------------------------
+CPU = "DFLASH_SERVE_CPU"
+"""'1' activates the CPU layer: the `.pth` start-up hook (cpu/startup.py) and the CPU patches. The hook line in
+`sglang_ext/cpu/dflash_serve_cpu.pth` spells the name out (a .pth line cannot import this module)."""
+ADAPTIVE = "DFLASH_SERVE_ADAPTIVE"
+"""JSON of settings.AdaptiveSettings: the DFLASH_ADAPTIVE worker's controller settings, built and validated once by
+the launcher (service/config.py) and read once by the worker."""
+HTTP = "DFLASH_SERVE_HTTP"
+"""JSON of settings.HttpSettings; its presence activates patches/http_guard.py (only under `dflash-serve`)."""
+API_KEY = "DFLASH_SERVE_SGLANG_API_KEY"
+"""The API key on its way to `sglang serve` (serve_entry.py moves it into argv inside the process and deletes it):
+never on a command line, which every user can read."""
+
+# Set by the launcher for SGLang / OpenMP on CPU --------------------------------------------------------------------
+SGLANG_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
+OMP_THREADS = "OMP_NUM_THREADS"

@@ -1,0 +1,133 @@
+"""The DFLASH_ADAPTIVE feedback loop without SGLang: what each step is credited with, what reaches the controller
+and Prometheus, and that a fault never reaches serving."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sglang_ext import names
+from sglang_ext.controller.config import ControllerConfig
+from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
+from sglang_ext.metrics import DFlashMetrics
+from sglang_ext.settings import AdaptiveSettings
+
+REPO = Path(__file__).resolve().parents[2]
+B = 16
+
+
+@dataclass
+class Host:
+    """A finished host copy (what a CPU tensor's .numpy() gives once SGLang's copy-done sync passed)."""
+
+    a: np.ndarray
+
+    def numpy(self) -> np.ndarray:
+        return self.a
+
+
+def loop(registry=None, **controller) -> ControllerLoop:
+    cfg = ControllerConfig(**({"mode": "fixed", "fixed_block": 4, "cost_sync_interval": 1} | controller))
+    metrics = DFlashMetrics("m", B, cfg.candidates_for(B), registry=registry) if registry is not None else None
+    return ControllerLoop(AdaptiveSettings(cfg), B, is_rank0=True, metrics=metrics)
+
+
+def launch(lp: ControllerLoop, rids: list[str], now: float, committed: list[list[int]], drafted=None):
+    d = lp.begin_decode(rids, now)
+    step = LaunchedStep(rids, d, None if drafted is None else Host(np.asarray(drafted)),
+                        Host(np.asarray(committed)))
+    lp.launched(step)
+    return d
+
+
+def steps(reg: CollectorRegistry, b: int) -> float:
+    return reg.get_sample_value("dflash_step_seconds_count", {"model_name": "m", "block_size": str(b)}) or 0.0
+
+
+def test_step_time_is_start_to_start_of_consecutive_decode_steps_only():
+    reg = CollectorRegistry()
+    lp = loop(reg)
+    launch(lp, ["a"], 10.0, [[1, 2, 3, 4]])
+    assert steps(reg, 4) == 0  # the first decode step has no predecessor
+    launch(lp, ["a"], 10.5, [[1, 2, 3, 4]])
+    assert steps(reg, 4) == 1
+    assert reg.get_sample_value("dflash_step_seconds_sum", {"model_name": "m", "block_size": "4"}) == 0.5
+    lp.interrupt()  # a prefill ran in between: the next interval is not a decode step's
+    launch(lp, ["a", "b"], 20.0, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert steps(reg, 4) == 1
+
+
+def test_results_reach_the_controller_in_launch_order_and_stale_steps_are_dropped():
+    reg = CollectorRegistry()
+    lp = loop(reg)
+    launch(lp, ["a", "b"], 1.0, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    launch(lp, ["a"], 2.0, [[1, 2, 3, 4]])
+    lp.complete([1], batch_size=1)  # SGLang never processed the 2-request step: it is dropped, not misread
+    value = reg.get_sample_value
+    assert value("dflash_verify_steps_total", {"model_name": "m"}) == 1
+    assert value("dflash_accepted_tokens_total", {"model_name": "m"}) == 1
+    lp.complete([3], batch_size=1)  # nothing pending: ignored
+    assert value("dflash_verify_steps_total", {"model_name": "m"}) == 1
+
+
+def test_a_controller_fault_is_counted_and_serving_goes_on():
+    reg = CollectorRegistry()
+    lp = loop(reg)
+    launch(lp, ["a"], 1.0, [[1, 2]])  # committed rows narrower than the accept count claims
+    lp.controller.observe_step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    lp.complete([3], batch_size=1)
+    assert reg.get_sample_value("dflash_controller_errors_total", {"model_name": "m"}) == 1
+    assert launch(lp, ["a"], 2.0, [[1, 2, 3, 4]]).block_size == 4
+
+
+def test_accepted_drafts_raise_the_acceptance_estimate_and_finished_requests_are_forgotten():
+    lp = loop(None, mode="fixed", fixed_block=B)
+    prior = lp.controller.stats.global_p().copy()
+    block = list(range(1, B + 1))
+    d = launch(lp, ["a"], 0.0, [block], drafted=[block[:-1]])  # every draft accepted, then the bonus
+    assert d.draft_full and d.block_size == B
+    lp.request_finished("a")  # finished while its step was in flight
+    lp.complete([B - 1], batch_size=1)
+    assert "a" not in lp.controller.slots  # forgotten, not resurrected by the late result
+    assert (lp.controller.stats.global_p() > prior).all()
+
+
+def test_cost_table_is_broadcast_from_rank0_at_the_sync_interval():
+    sent = []
+    cfg = ControllerConfig(mode="fixed", fixed_block=4, cost_sync_interval=2)
+    lp = ControllerLoop(AdaptiveSettings(cfg), B, is_rank0=True, broadcast=lambda obj: sent.append(obj) or obj)
+    for t in range(4):
+        launch(lp, ["a"], float(t), [[1, 2, 3, 4]])
+        lp.complete([3], batch_size=1)
+    assert len(sent) == 2
+
+
+def test_candidates_wider_than_the_drafter_are_refused_not_dropped():
+    with pytest.raises(ValueError, match=r"^candidates: \[32\] exceed"):
+        ControllerLoop(AdaptiveSettings(ControllerConfig(candidates=(1, 32))), B, is_rank0=True)
+
+
+def test_without_cost_learning_the_loop_neither_learns_nor_explores():
+    settings = AdaptiveSettings(ControllerConfig(), learn_costs=False)
+    lp = ControllerLoop(settings, B, is_rank0=True)
+    assert lp.controller.cfg.explore_margin == 0.0
+    table = lp.controller.cost_model.table.copy()
+    for t in range(40):
+        launch(lp, ["a"], t * 1.0, [[1] * lp.controller.decide(["a"]).block_size])
+    np.testing.assert_array_equal(lp.controller.cost_model.table, table)
+
+
+def test_the_loop_imports_neither_torch_nor_sglang():
+    code = ("import sys, json; import sglang_ext.controller_loop; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang'))))")
+    env = {k: v for k, v in os.environ.items() if k != names.CPU}  # an earlier test may have activated the CPU layer
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
