@@ -1,4 +1,4 @@
-"""Prometheus metrics of the DFLASH_ADAPTIVE worker (names are a contract: ARCHITECTURE.md §4).
+"""Prometheus metrics of the DFLASH_ADAPTIVE worker (names are a contract: docs/ARCHITECTURE.md §4).
 
 Where they live: in the scheduler process, created lazily by the worker on TP rank 0 when SGLang runs with
 ``--enable-metrics``. By then SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` for its process tree, so

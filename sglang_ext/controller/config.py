@@ -40,7 +40,7 @@ def _is_real(x: Any) -> bool:
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Settings of the adaptive block-size controller (see ARCHITECTURE.md §3).
+    """Settings of the adaptive block-size controller (see docs/ARCHITECTURE.md §3).
 
     mode: ``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``) or ``schedule``
         (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the

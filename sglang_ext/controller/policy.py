@@ -6,7 +6,7 @@ is wrong somewhere. ``fixed`` and ``schedule`` modes exist for operators who wan
 Adaptive decision. Score every candidate b, pick the best, but switch away from the current block c only if the
 best beats it by more than ``hysteresis`` and c has been used for ``min_dwell_steps`` decisions (waived when the
 batch-size bucket changes), so noise does not make it flap.
-  * objective ``step``: G(b) = sum_r E_r(b) / T(B, b), this step's predicted goodput (ARCHITECTURE.md §3).
+  * objective ``step``: G(b) = sum_r E_r(b) / T(B, b), this step's predicted goodput (docs/ARCHITECTURE.md §3).
   * objective ``steady`` (default): G(b) = B * H(b) / T(B, b), H(b) = sum_r w_r / sum_r (w_r / E_r(b)) with
     w_r = E_r(c). Why: in a busy server a finished request is replaced, and a request that accepts little stays
     in the batch longer, so the batch is over-weighted (per token) with low-acceptance requests. The long-run

@@ -17,8 +17,10 @@ def install() -> None:
         return
     _installed = True
     # SGLang selects its CPU platform from this variable (srt/platforms/__init__.py, utils/common.py is_cpu).
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    from sglang_ext import names
     from sglang_ext.cpu import kernels, stubs
+
+    os.environ.setdefault(names.SGLANG_CPU_ENGINE, "1")
 
     stubs.install()
     kernels.bind()

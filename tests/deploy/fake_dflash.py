@@ -1,4 +1,4 @@
-"""A synthetic exporter of the DFlash metrics contract (ARCHITECTURE.md §4, sglang_ext/metrics.py), for testing the rules and dashboards
+"""A synthetic exporter of the DFlash metrics contract (docs/ARCHITECTURE.md §4, sglang_ext/metrics.py), for testing the rules and dashboards
 against a real Prometheus without a server: exactly the contracted names, types and labels, with values that
 move like a controller's under a changing load.
 """

@@ -1,4 +1,4 @@
-"""The DFlash dashboard and rules against the metrics contract (ARCHITECTURE.md §4), through a real Prometheus:
+"""The DFlash dashboard and rules against the metrics contract (docs/ARCHITECTURE.md §4), through a real Prometheus:
 a synthetic exporter publishes exactly the contracted names, types and labels, Prometheus scrapes it with the
 compose stack's config and rules, and every DFlash panel and every recording rule must return data. (The live
 test checks the same against the real server.)"""

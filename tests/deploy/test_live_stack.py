@@ -113,7 +113,7 @@ def test_every_serving_panel_has_data(live):
 
 
 def test_every_dflash_panel_has_data(live):
-    """Needs the DFLASH_ADAPTIVE worker's dflash_* metrics (ARCHITECTURE.md §4)."""
+    """Needs the DFLASH_ADAPTIVE worker's dflash_* metrics (docs/ARCHITECTURE.md §4)."""
     empty = _empty_panels(live, "dflash")
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
