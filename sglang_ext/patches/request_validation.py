@@ -25,12 +25,19 @@ Found by the property-based run against the OpenAPI document (tests/integration/
 5. **A logprob_start_len below -1 kills the server.** `/generate` with `"return_logprob": true,
    "logprob_start_len": -5`: -1 means "no input logprobs", anything lower reaches an `assert` in the scheduler's
    `add_input_logprob_return_values` (AssertionError -> scheduler dead). Checked in the same hook.
+6. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
+   patches/verify_sampling.py, which makes every other sampling parameter lossless): a custom logit processor
+   (verify rows after the first would see the request state of the first), a `sampling_seed` with temperature > 0
+   (DFlash's rejection sampler draws its own coins, so the seed would not reproduce), and penalties or
+   min_new_tokens under the overlap scheduler (the next step launches before this step's tokens reach the
+   penalizers). Refused with the parameter named and the fix.
 """
 from __future__ import annotations
 
 from types import ModuleType
 
 from sglang_ext.patches.wrap import when_imported, wrap
+
 
 def check_token_ids(input_ids, vocab_size: int, what: str = "prompt token id") -> None:
     if not input_ids:
@@ -56,6 +63,34 @@ def check_logprob_args(obj, vocab_size: int) -> None:
                          "input logprobs")
 
 
+DFLASH_FAMILY = ("DFLASH", "DFLASH_ADAPTIVE")
+PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0),
+             ("min_new_tokens", 0))
+
+
+def check_speculative_sampling(obj, server_args) -> None:
+    """Refuse what DFlash would serve differently from plain decoding (a 400 naming the parameter)."""
+    algorithm = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
+    if algorithm not in DFLASH_FAMILY:
+        return
+    if getattr(obj, "custom_logit_processor", None):
+        raise ValueError("custom_logit_processor is not supported with DFlash speculative decoding (its verify rows "
+                         "would not see the tokens before them); serve this request without speculation")
+    params = getattr(obj, "sampling_params", None)
+    if not isinstance(params, dict):
+        return
+    temperature = params.get("temperature", 1.0)
+    if params.get("sampling_seed") is not None and (temperature is None or temperature > 0):
+        raise ValueError("sampling_seed is not supported with DFlash speculative decoding at temperature > 0 (its "
+                         "rejection sampler would not reproduce the seeded samples); drop sampling_seed")
+    if not getattr(server_args, "disable_overlap_schedule", False):
+        for name, neutral in PENALTIES:
+            value = params.get(name)
+            if value is not None and value != neutral:
+                raise ValueError(f"{name} is not served losslessly by DFlash under the overlap scheduler; set "
+                                 f"sglang_args.disable_overlap_schedule: true on the server, or drop {name}")
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -68,6 +103,7 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
                 check_token_ids(input_ids, vocab_size)
             if vocab_size:
                 check_logprob_args(obj, vocab_size)
+            check_speculative_sampling(obj, getattr(self, "server_args", None))
             return original(self, obj, input_ids)
 
         return _validate_one_request
