@@ -142,6 +142,10 @@ def bad_requests(model: str, context_length: int) -> list[BadRequest]:
         BadRequest("generate: logprob_start_len below -1", "/generate",
                    json.dumps({"text": "x", "return_logprob": True, "logprob_start_len": -5,
                                "sampling_params": {"max_new_tokens": 2}}).encode()),
+        BadRequest("generate: empty prompt", "/generate",
+                   json.dumps({"text": "", "sampling_params": {"max_new_tokens": 2}}).encode()),
+        BadRequest("generate: empty prompt in a batch", "/generate",
+                   json.dumps({"text": ["x", ""], "sampling_params": {"max_new_tokens": 2}}).encode()),
         BadRequest("wrong method", chat, b"", content_type=None, expect=(405,), method="GET"),
     ]
 

@@ -25,7 +25,13 @@ Found by the property-based run against the OpenAPI document (tests/integration/
 5. **A logprob_start_len below -1 kills the server.** `/generate` with `"return_logprob": true,
    "logprob_start_len": -5`: -1 means "no input logprobs", anything lower reaches an `assert` in the scheduler's
    `add_input_logprob_return_values` (AssertionError -> scheduler dead). Checked in the same hook.
-6. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
+6. **An empty prompt kills the server.** `/generate {"text": ""}` (alone, or an empty string in a batch whose other
+   prompts are prefilled apart from it; SGLang refuses `"input_ids": []` and a completions prompt `""` itself)
+   reaches the target's prefill with nothing to compute the first token from: `IndexError: index is out of bounds for dimension with size 0` in
+   `LogitsProcessor._get_pruned_states`, scheduler dead (the "not reproduced" IndexError of earlier fuzz runs:
+   schemathesis sends `"text": [..., ""]`, and whether the empty one shares a prefill batch is a matter of
+   timing). Refused in the per-request hook: a prompt needs at least one token.
+7. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
    patches/verify_sampling.py, which makes every other sampling parameter lossless): a custom logit processor
    (verify rows after the first would see the request state of the first), a `sampling_seed` with temperature > 0
    (DFlash's rejection sampler draws its own coins, so the seed would not reproduce), and penalties or
@@ -37,6 +43,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from sglang_ext.patches.wrap import when_imported, wrap
+
+
+def check_prompt_not_empty(input_ids) -> None:
+    if isinstance(input_ids, list) and len(input_ids) == 0:
+        raise ValueError("the prompt is empty: a prompt needs at least one token (send text, input_ids or "
+                         "messages with content)")
 
 
 def check_token_ids(input_ids, vocab_size: int, what: str = "prompt token id") -> None:
@@ -99,6 +111,7 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
     def make(original):
         def _validate_one_request(self, obj, input_ids):
             vocab_size = getattr(getattr(self, "model_config", None), "vocab_size", None)
+            check_prompt_not_empty(input_ids)
             if vocab_size and input_ids is not None and not isinstance(input_ids, (str, bytes)):
                 check_token_ids(input_ids, vocab_size)
             if vocab_size:

@@ -351,3 +351,11 @@ def test_port_check_accepts_a_port_left_in_time_wait_and_refuses_a_listening_one
     client.close()
     listener.close()
     launcher.check_port_free("127.0.0.1", port)  # a restarted server must not be refused for a minute
+
+
+def test_an_empty_prompt_is_refused_before_it_reaches_the_scheduler():
+    """An empty prompt alone in a prefill batch killed the scheduler (IndexError in _get_pruned_states)."""
+    for ids in (None, [7], "text"):  # input_embeds requests carry no ids; ids and text are checked elsewhere
+        request_validation.check_prompt_not_empty(ids)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        request_validation.check_prompt_not_empty([])
