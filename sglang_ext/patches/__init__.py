@@ -18,6 +18,7 @@ import importlib
 ALL_DEVICES: tuple[tuple[str, str], ...] = (
     ("redaction", "API keys out of SGLang's server-args log lines"),
     ("request_validation", "client mistakes that killed the scheduler or answered 500 -> 400"),
+    ("penalty_order", "penalties in one order in every process: additive, then scaling"),
     ("verify_sampling", "DFlash verify samples as plain decoding: per-row penalties, min_new_tokens, min_p"),
     ("dflash_headroom", "req_to_token rows wide enough for DFlash's 2-block decode reserve"),
     ("idle_metrics", "idle gauges published on the first idle pass"),
