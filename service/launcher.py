@@ -56,6 +56,8 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
     if config.speculative.algorithm == "dflash_adaptive":
         env[env_names.ADAPTIVE] = config.speculative.adaptive_settings().to_json()
+        if config.server.device is not Device.cpu:  # per-width verify graphs: size the KV pool after capture
+            env.setdefault(env_names.SGLANG_POST_CAPTURE_KV_SIZING, "1")
     return env
 
 

@@ -6,15 +6,20 @@ what a step cost, what the controller and Prometheus are told -- and changes whe
 runs and is tested without SGLang or torch (tests/unit/test_controller_loop.py).
 
 Contract (the worker calls, in this order per decode step):
-  * ``begin_decode(rids, now)`` -> ``Decision``: credits the previous decode step's start-to-start interval to
-    that step (when the previous forward was a decode step) and asks the controller for this step's width;
+  * ``begin_decode(rids, now)`` -> ``Decision``: credits the start-to-start interval that just ended to the decode
+    step it measures (see "Step times") and asks the controller for this step's width;
   * ``launched(step)``: the step is on its way; its host copies (``drafted``, ``committed``) are read only in
     ``complete``, after SGLang's copy-done sync;
   * ``complete(accepted, batch_size)``: SGLang's ``on_verify_complete_cpu``, in launch order; feeds acceptance,
     hindsight, the cost-table broadcast and metrics. Never raises: a fault is logged and counted
     (``dflash_controller_errors_total``) and serving keeps the last width;
-  * ``interrupt()``: a non-decode forward (prefill, idle) ran, so the next decode step has no predecessor and no
-    step time; ``request_finished(rid)``: forget a request (also when its last step is still pending).
+  * ``interrupt()``: a non-decode forward (prefill, idle) is being launched: no interval it touches is a decode
+    step's time; ``request_finished(rid)``: forget a request (also when its last step is still pending).
+Step times: the interval between two consecutive launches [t_k, t_k+1] is credited to one decode step, never to a
+prefill. Without the overlap scheduler the host processes step k before it launches k + 1, so the interval is step
+k's (k and k + 1 decode steps). With the overlap scheduler (the GPU default) step k + 1 is launched after the host
+processed step k - 1 (waiting for it on the device) while step k runs: the interval is step k - 1's, and it is
+credited to k - 1 only when k - 1, k and k + 1 are all decode steps (a prefill in flight would be in it).
 Invariants: decisions depend only on data identical on every TP rank (rids, accept counts, the broadcast cost
 table); step times, cost learning and metrics are rank 0's; nothing here waits on a device.
 """
@@ -76,8 +81,10 @@ class LaunchedStep:
 
 class ControllerLoop:
     def __init__(self, settings: AdaptiveSettings, max_block: int, *, is_rank0: bool,
-                 broadcast: Callable[[Any], Any] | None = None, metrics: Metrics | None = None) -> None:
-        """``broadcast``: the TP group's object broadcast from rank 0 (None on a single rank)."""
+                 broadcast: Callable[[Any], Any] | None = None, metrics: Metrics | None = None,
+                 overlap: bool = False) -> None:
+        """``broadcast``: the TP group's object broadcast from rank 0 (None on a single rank); ``overlap``: SGLang's
+        overlap scheduler is on (the next step launches before this one's result is processed)."""
         cfg = settings.controller_in_use()
         cfg.check_against_max_block(max_block)  # the same rule the preflight applied: a hand-run server too
         candidates = list(cfg.candidates_for(max_block))
@@ -88,7 +95,8 @@ class ControllerLoop:
         self.is_rank0 = is_rank0
         self.metrics = metrics
         self._broadcast = broadcast
-        self._last: StepStart | None = None
+        # the latest launches, oldest first (None: a non-decode forward); an interval ending now is the oldest's
+        self._launches: deque[StepStart | None] = deque(maxlen=2 if overlap else 1)
         self._pending: deque[LaunchedStep] = deque()
         self._finished: deque[str] = deque(maxlen=RECENT_FINISHED)
         self._finished_set: set[str] = set()
@@ -101,14 +109,15 @@ class ControllerLoop:
 
     # -- launch side -------------------------------------------------------------------------------------------
     def begin_decode(self, rids: list[str], now: float) -> Decision:
-        if self._last is not None:
-            self._record_step_time(now - self._last.start, self._last)
+        window = self._launches
+        if len(window) == window.maxlen and all(s is not None for s in window):
+            self._record_step_time(now - window[-1].start, window[0])
         decision = self.controller.decide(rids)
-        self._last = StepStart(now, len(rids), decision)
+        window.append(StepStart(now, len(rids), decision))
         return decision
 
     def interrupt(self) -> None:
-        self._last = None
+        self._launches.append(None)
 
     def launched(self, step: LaunchedStep) -> None:
         self._pending.append(step)
@@ -116,8 +125,9 @@ class ControllerLoop:
     def _record_step_time(self, seconds: float, step: StepStart) -> None:
         """The full step time T(B, b): from one decode step's start to the next's (draft, verify, draft-KV append,
         and the scheduler's result processing and scheduling in between, which grow with the committed tokens).
-        Host clock only: on GPU the host reaches the next launch after the previous step's copy-done sync, so in
-        steady state the interval is the device step, with no sync of our own."""
+        Host clock only: the host reaches a launch after its copy-done sync of the step the interval is credited to
+        (the previous one, or the one before it under the overlap scheduler), so in steady state the interval is
+        that step's device time plus the host's work, with no sync of our own."""
         if not self.is_rank0:
             return
         try:

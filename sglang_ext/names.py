@@ -24,6 +24,17 @@ API_KEY = "DFLASH_SERVE_SGLANG_API_KEY"
 """The API key on its way to `sglang serve` (serve_entry.py moves it into argv inside the process and deletes it):
 never on a command line, which every user can read."""
 
-# Set by the launcher for SGLang / OpenMP on CPU --------------------------------------------------------------------
+# Set by tests, read by the plugin ----------------------------------------------------------------------------------
+TRITON_ON_CPU = "DFLASH_SERVE_TRITON_ON_CPU"
+"""'1' (with TRITON_INTERPRET=1, device cpu): the DFLASH_ADAPTIVE worker takes upstream's Triton branches that SGLang
+guards by CUDA checks -- prepare-block and greedy accept/bonus -- and Triton's interpreter runs those kernels on
+CPU tensors. A CI test mode for GPU-only code (tests/integration/test_triton_kernels.py), never a serving mode."""
+TRITON_INTERPRET = "TRITON_INTERPRET"
+
+# Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
+SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+"""'1' on GPU for dflash_adaptive unless the user set it: SGLang backs the KV pool after CUDA-graph capture from
+the free memory it then measures, so the worker's per-width verify graphs (captured after the pool is sized) are
+counted (docs/ARCHITECTURE.md §7)."""
 SGLANG_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
 OMP_THREADS = "OMP_NUM_THREADS"

@@ -4,9 +4,11 @@ On CUDA, a target TARGET_VERIFY forward replays a CUDA graph captured for ONE ve
 ``get_spec().speculative_num_draft_tokens`` when it captures; ``can_run_graph`` refuses any other width and the
 forward silently runs eager). So every candidate width b gets its own target attention backend (fresh workspace)
 and its own ``DecodeCudaGraphRunner(speculative_num_draft_tokens=b)``, captured at start-up inside
-``init_cuda_graphs`` -- before SGLang sizes the KV pool after capture, so their memory is budgeted. The width the
-server started with (the drafter's block B) keeps the startup backend and runner. Activating a width swaps the
-target model runner's ``attn_backend`` and ``decode_cuda_graph_runner`` (what EAGLE's adaptive
+``init_cuda_graphs``. SGLang runs that after it sized the KV pool, so their memory is counted only where SGLang's
+post-capture KV sizing backs the pool after capture (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``: the launcher turns
+it on for dflash_adaptive on GPU; SGLang turns it off for some configurations, and the worker then warns). The
+width the server started with (the drafter's block B) keeps the startup backend and runner. Activating a width
+swaps the target model runner's ``attn_backend`` and ``decode_cuda_graph_runner`` (what EAGLE's adaptive
 ``apply_runtime_state`` swaps on the target side).
 
 On CPU (and with graphs disabled) one eager backend serves every width: the CPU layer's attention derives the width
@@ -36,15 +38,22 @@ class VerifyRuntime:
 class VerifyRuntimes:
     """width -> VerifyRuntime; ``activate(b)`` before the verify forward of a width-b step."""
 
-    def __init__(self, model_runner: Any, runtimes: dict[int, VerifyRuntime]) -> None:
+    def __init__(self, model_runner: Any, runtimes: dict[int, VerifyRuntime],
+                 startup_width: int | None = None) -> None:
         self._mr = model_runner
         self._by_width = runtimes
+        self._startup_width = startup_width
         self._active: int | None = None
 
     @classmethod
     def eager(cls, model_runner: Any) -> "VerifyRuntimes":
         """One backend for every width (CPU, or CUDA graphs disabled)."""
         return cls(model_runner, {})
+
+    @property
+    def extra_widths(self) -> list[int]:
+        """Widths whose backend and graphs were built beside the start-up width's (empty when eager)."""
+        return sorted(w for w in self._by_width if w != self._startup_width)
 
     def activate(self, width: int) -> None:
         if not self._by_width or width == self._active:
@@ -85,4 +94,4 @@ def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width:
                         time.perf_counter() - tic)
     finally:
         get_context().override("dflash_serve.capture_restore", speculative_num_draft_tokens=saved)
-    return VerifyRuntimes(model_runner, runtimes)
+    return VerifyRuntimes(model_runner, runtimes, startup_width)

@@ -23,14 +23,17 @@ draft sliding window and hybrid (mamba) targets are refused at start-up with the
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import torch
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
+from sglang.srt.runtime_context import get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
+from sglang_ext import names
 from sglang_ext.controller.policy import Decision
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.settings import AdaptiveSettings
@@ -67,10 +70,13 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         try:
             self.loop = ControllerLoop(settings, self.max_block, is_rank0=rank == 0, metrics=metrics,
                                        broadcast=(lambda obj: group.broadcast_object(obj, src=0))
-                                       if group.world_size > 1 else None)
+                                       if group.world_size > 1 else None,
+                                       overlap=not get_schedule().disable_overlap_schedule)
         except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
+        if os.environ.get(names.TRITON_ON_CPU) == "1":
+            self._take_triton_branches_on_cpu()
         if rank == 0:
             logger.info("dflash-serve DFLASH_ADAPTIVE: block %d, candidates %s, mode %s, cost profile %s",
                         self.max_block, self.loop.candidates, settings.controller.mode,
@@ -91,6 +97,18 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if upstream.get_parallel().attn_dp_enabled:
             raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
 
+    def _take_triton_branches_on_cpu(self) -> None:
+        """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
+        run by Triton's interpreter, so the code a GPU runs -- buffers, strides, views -- runs in CI too."""
+        if upstream.is_cuda():
+            return  # already on
+        if os.environ.get(names.TRITON_INTERPRET) != "1":
+            raise ValueError(f"{names.TRITON_ON_CPU}=1 on CPU needs {names.TRITON_INTERPRET}=1 in the server's "
+                             f"environment (Triton's interpreter runs the kernels on CPU tensors)")
+        self._use_triton_prepare_block = self._use_triton_accept_bonus = True
+        logger.info("dflash-serve DFLASH_ADAPTIVE: upstream Triton prepare-block and accept/bonus kernels on CPU "
+                    "(Triton interpreter)")
+
     # -- start-up ----------------------------------------------------------------------------------------------
     def init_attention_backends(self) -> None:
         super().init_attention_backends()
@@ -103,20 +121,40 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if upstream.is_cuda():
             self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.loop.candidates),
                                                             self.max_block)
+            pool = self.model_runner.token_to_kv_pool
+            if self._verify_runtimes.extra_widths and not getattr(pool, "post_capture_active", False):
+                logger.warning(
+                    "dflash-serve DFLASH_ADAPTIVE: verify CUDA graphs for widths %s were captured after the KV pool "
+                    "was sized (SGLang's post-capture KV sizing, %s, is off for this configuration): their memory "
+                    "comes out of the headroom model.mem_fraction_static leaves. Lower mem_fraction_static or "
+                    "speculative.adaptive.candidates if start-up or the first requests run out of memory.",
+                    self._verify_runtimes.extra_widths, names.SGLANG_POST_CAPTURE_KV_SIZING)
 
     def prewarm_sampling(self):
         result = super().prewarm_sampling()
         if upstream.is_cuda() and upstream.is_dflash_sampling_verify_available():
-            # chain-verify buffers are keyed by width: size every width before anything borrows graph memory
+            # chain-verify buffers are keyed by (device index, width): size every width before anything borrows
+            # graph memory, on the indexed device the verify's logits live on ("cuda" has index None: never read)
+            device = torch.device("cuda", torch.cuda.current_device())
             for b in self.loop.candidates:
                 upstream._get_or_create_chain_verify_buffers(bs=self._prewarm_batch_size(b), draft_token_num=b,
-                                                             device=torch.device(self.device))
+                                                             device=device)
         return result
 
     # -- upstream buffers, made width-aware ----------------------------------------------------------------------
+    def _ensure_accept_bonus_buffers(self, bs: int) -> None:
+        """Upstream sizes out_tokens [cap, self.block_size]; self.block_size is the verify width during the accept,
+        so the buffers would be as wide as the step that first allocates them, and a wider step would make the
+        Triton accept kernel write past them. Allocate for the trained block B, whatever the width now."""
+        width, self.block_size = self.block_size, self.max_block
+        try:
+            super()._ensure_accept_bonus_buffers(bs)
+        finally:
+            self.block_size = width
+
     def _next_accept_bonus_buffers(self, bs: int):
-        """Upstream sizes out_tokens [cap, B] and hands out [:bs] rows; a width-b accept needs a contiguous
-        [bs, b] view of the same storage (b = self.block_size while _verify accepts, see there)."""
+        """Upstream hands out [:bs] rows of the [cap, B] buffers; a width-b accept needs a contiguous [bs, b] view
+        of the same storage (b = self.block_size while _verify accepts, see there)."""
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._next_accept_bonus_buffers(bs)
         w = int(self.block_size)
         if w != self.max_block:

@@ -148,3 +148,16 @@ def test_dashboard_contract_is_what_the_worker_exports():
         labels = {label for s in family.samples for label in s.labels} - {"model_name", "le"}
         exported[name] = (family.type, labels)
     assert exported == {n: (kind, set(labels)) for n, (kind, labels) in CONTRACT.items()}
+
+
+def test_on_gpu_adaptive_asks_sglang_to_size_the_kv_pool_after_graph_capture(pair):
+    """The per-width verify graphs are captured after SGLang sized the KV pool; post-capture sizing counts them."""
+    from sglang_ext.names import SGLANG_POST_CAPTURE_KV_SIZING as POST
+
+    gpu = config(pair)
+    gpu["server"] = {"device": "cuda"}
+    assert server_env(parse_config(gpu), base={})[POST] == "1"
+    assert server_env(parse_config(gpu), base={POST: "0"})[POST] == "0"  # the operator's choice stands
+    assert POST not in server_env(parse_config(config(pair)), base={})  # CPU: no graphs
+    gpu_plain = {"model": {"path": str(pair["target"])}, "server": {"device": "cuda"}}
+    assert POST not in server_env(parse_config(gpu_plain), base={})  # upstream algorithms: upstream's default

@@ -131,3 +131,65 @@ def test_the_loop_imports_neither_torch_nor_sglang():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+DEVICE_SECONDS = {1: 0.010, 2: 0.013, 4: 0.020, 8: 0.031, 16: 0.050}
+HOST = 0.001
+
+
+def mean_step(reg: CollectorRegistry, b: int) -> float:
+    labels = {"model_name": "m", "block_size": str(b)}
+    return reg.get_sample_value("dflash_step_seconds_sum", labels) / reg.get_sample_value(
+        "dflash_step_seconds_count", labels)
+
+
+def run_overlap_scheduler(lp: ControllerLoop, kinds: str) -> list[int]:
+    """SGLang's event_loop_overlap with a fake clock: launch step k, then wait for step k - 1 on the device and
+    process it, then launch k + 1. `kinds`: 'd' decode, 'p' prefill (its device time 0.2 s). Returns widths."""
+    t, device_free, done, widths = 0.0, 0.0, [], []
+    for kind in kinds:
+        if kind == "d":
+            b = launch(lp, ["a"], t, [[1] * 16]).block_size
+            lp.complete([0], batch_size=1)
+            seconds = DEVICE_SECONDS[b]
+        else:
+            lp.interrupt()
+            b, seconds = 0, 0.2
+        widths.append(b)
+        device_free = max(device_free, t) + seconds
+        done.append(device_free)
+        t = (done[-2] if len(done) >= 2 else t) + HOST  # the host waited for the previous step
+    return widths
+
+
+def test_under_the_overlap_scheduler_each_interval_is_credited_to_the_step_it_measures():
+    reg = CollectorRegistry()
+    lp = ControllerLoop(AdaptiveSettings(ControllerConfig(mode="cycle", cost_sync_interval=1)), B, is_rank0=True,
+                        metrics=DFlashMetrics("m", B, ControllerConfig().candidates_for(B), registry=reg),
+                        overlap=True)
+    widths = run_overlap_scheduler(lp, "d" * 40)
+    assert set(widths) == set(DEVICE_SECONDS)  # the width changes every step
+    for b, seconds in DEVICE_SECONDS.items():
+        assert mean_step(reg, b) == pytest.approx(seconds)  # crediting the launch after would mix the widths
+
+
+def test_under_the_overlap_scheduler_a_prefill_is_never_a_decode_sample():
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="fixed", fixed_block=4)
+    lp = ControllerLoop(lp.settings, B, is_rank0=True, metrics=lp.metrics, overlap=True)
+    run_overlap_scheduler(lp, "ddpddd")
+    # launches d0 d1 p d2 d3 d4: only [t3, t4] spans decode steps alone, and it measures d2
+    assert steps(reg, 4) == 1
+    assert mean_step(reg, 4) == pytest.approx(DEVICE_SECONDS[4])
+
+
+def test_without_overlap_the_same_clock_credits_the_previous_launch():
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="cycle")
+    t = 0.0
+    for _ in range(20):  # the host processes each step before it launches the next
+        b = launch(lp, ["a"], t, [[1] * 16]).block_size
+        lp.complete([0], batch_size=1)
+        t += DEVICE_SECONDS[b] + HOST
+    for b, seconds in DEVICE_SECONDS.items():
+        assert mean_step(reg, b) == pytest.approx(seconds + HOST)

@@ -85,6 +85,15 @@ SOURCES = [
     ("sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2.prepare_for_decode",
      "speculative_num_draft_tokens"),
     ("sglang.srt.model_executor.model_runner:ModelRunner.__init__", "self.init_new_workspace"),
+    # the KV pool is sized before the spec worker captures its graphs; post-capture sizing backs it afterwards and
+    # says so on the pool (the worker warns when it is off), enabled by the variable the launcher sets
+    ("sglang.srt.managers.scheduler:Scheduler.init_model_worker", "self.init_memory_pools()"),
+    ("sglang.srt.managers.scheduler:Scheduler.init_model_worker",
+     "if model_runner.token_to_kv_pool.post_capture_active:"),
+    ("sglang.srt.environ:Envs", "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool("),
+    # the chain-verify buffer cache is keyed by the device's index (the prewarm passes an indexed device)
+    ("sglang.srt.speculative.dflash_utils:_get_or_create_chain_verify_buffers",
+     "key = (device.index, int(draft_token_num))"),
 ]
 
 PROBE = r"""
