@@ -70,6 +70,10 @@ def check(config: ServeConfig) -> PreflightReport:
     if spec.algorithm == "none":
         return PreflightReport(n_layers, hidden, vocab, None, None)
 
+    for key in ("enable_watermark", "enable-watermark"):
+        if config.sglang_args.get(key):
+            raise ConfigError(f"sglang_args.{key}: DFlash's verify does not apply SGLang's watermark, so outputs would "
+                              f"silently carry none; serve watermarked traffic with speculative.algorithm: none")
     where = spec.draft_model_path
     field = "speculative.draft_model_path"
     draft = _read_config(where, field)

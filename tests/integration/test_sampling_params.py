@@ -98,3 +98,23 @@ def test_what_dflash_cannot_serve_losslessly_is_refused(dflash_server, plain_ser
         generate(dflash_server, sampling, prompts=PROMPTS[:1], **extra)
     assert e.value.code == 400
     assert param in json.load(e.value)["error"]["message"]
+
+
+def test_min_p_never_samples_a_token_min_p_forbids(plain_server, dflash_server, cycle_server, tokenizer):
+    """min_p 0.5 at temperature 1: no sampled token below half the most likely token's probability, judged by the
+    target's own log-probabilities of the continuation (SGLang's DFlash verify ignored min_p: 505 of 768 forbidden).
+    Without min_p the same count is far from 0, so the check has teeth."""
+    from tests.sampling_stats import min_p_violations
+
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+    def violations(server, sampling: dict) -> int:
+        total = 0
+        for ids in prompts * 2:
+            out = server.generate(ids, max_new_tokens=N_TOKENS, temperature=1.0, **sampling)["output_ids"]
+            total += min_p_violations(plain_server.url, ids, out, 0.5)
+        return total
+
+    assert violations(plain_server, {}) > 20  # unfiltered sampling picks such tokens often
+    for name, server in (("plain", plain_server), ("dflash", dflash_server), ("adaptive", cycle_server)):
+        assert violations(server, {"min_p": 0.5}) == 0, name

@@ -190,3 +190,13 @@ def test_serve_refuses_a_port_in_use(tmp_path, tiny_pair):
         r = cli("serve", "-c", str(write(tmp_path, data)))
     assert r.returncode == 2
     assert f"dflash-serve: error: server.port: 127.0.0.1:{port} is already in use" in r.stderr
+
+
+def test_watermarking_with_dflash_is_refused_naming_the_field(tmp_path, tiny_pair):
+    """DFlash's verify never applies SGLang's watermark: a watermarked server would silently serve unmarked text."""
+    data = good(tiny_pair)
+    data["sglang_args"] = {"enable_watermark": True}
+    with pytest.raises(ConfigError, match=r"^sglang_args.enable_watermark: DFlash's verify does not apply"):
+        check(load_config(write(tmp_path, data)))
+    data["speculative"] = {"algorithm": "none"}
+    check(load_config(write(tmp_path, data)))  # plain decoding watermarks as SGLang does
