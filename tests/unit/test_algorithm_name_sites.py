@@ -545,20 +545,31 @@ def _():
     from sglang.srt.mem_cache import kv_cache_configurator as kcc
     from sglang_ext.worker import AdaptiveDFlashWorker
 
+    class PastTheGuard(Exception):
+        """Raised by the pool constructor, the first call after the guard: the guard let the algorithm through."""
+
+    def pool(**_):
+        raise PastTheGuard
+
     def run(name):
         exec_bag = mock.MagicMock()
         exec_bag.mamba.enable_linear_replayssm_spec = True
-        spec = types.SimpleNamespace(speculative_algorithm=name)
-        with patched(kcc, "get_spec", lambda: spec), patched(kcc, "get_exec", lambda: exec_bag):
+        spec = types.SimpleNamespace(speculative_algorithm=name, speculative_eagle_topk=None)
+        bag = mock.MagicMock()  # the other config namespaces the pool's arguments read
+        with patched(kcc, "get_spec", lambda: spec), patched(kcc, "get_exec", lambda: exec_bag), \
+                patched(kcc, "get_schedule", lambda: bag), patched(kcc, "get_memory", lambda: bag), \
+                patched(kcc, "_pd_prefill_skips_mamba_spec_state", lambda: True), \
+                patched(kcc, "HybridReqToTokenPool", pool):
             try:
                 kcc.KVCacheConfigurator._build_hybrid_req_pool(mock.MagicMock(hybrid_kda_config=None),
                                                                max_num_reqs=4, extra_max_context_len=0)
+            except PastTheGuard:
+                return "passed"
             except ValueError as e:
                 if "requires a KDA" in str(e):
                     return "refused"
-            except Exception:
-                pass  # past the guard: the pool's own construction needs a running server
-            return "passed"
+                raise
+        raise AssertionError("_build_hybrid_req_pool neither refused nor reached the pool constructor")
 
     return {"kda_guard": both(run), "qwen3_is_mambaish": mambaish_config(qwen3_model_config()) is not None,
             "adaptive_worker_refuses_mamba":
