@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tests.integration.test_sampling_distribution import CONFIGS, PROMPT
-from tests.sampling_stats import ALPHA, N_PER_ARM, coverage, homogeneity_pvalue
+from tests.sampling_stats import ALPHA, N_PER_ARM, homogeneity_pvalue, informative_mass
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = REPO / "models/tiny-code/target"
@@ -127,7 +127,7 @@ def main() -> None:
                 a = [plain(target, rng) for _ in range(N_PER_ARM)]
                 b = [speculative(target, rule, args.favourite, rng, memo) for _ in range(N_PER_ARM)]
                 rejected += homogeneity_pvalue(a, b) < ALPHA
-                mass += coverage(a, b)
+                mass += informative_mass(a, b)
             row[rule] = {"rejected": rejected / args.replicates, "informative_mass": mass / args.replicates}
         results[arm] = row
         print(f"{arm:12s} correct {row['correct']['rejected']:.3f}  W1 {row['w1']['rejected']:.3f}  "

@@ -34,7 +34,7 @@ def coarsen(a: Sequence[tuple], b: Sequence[tuple]) -> tuple[list[tuple], list[t
     return [f(s) for s in a], [f(s) for s in b]
 
 
-def coverage(a: Sequence[tuple], b: Sequence[tuple]) -> float:
+def informative_mass(a: Sequence[tuple], b: Sequence[tuple]) -> float:
     """The informative mass of the comparison: the fraction of the pooled sample in cells the test resolves
     (seen at least MIN_CELL times) that keep at least one token (not all OTHER)."""
     ca, cb = coarsen(a, b)

@@ -79,8 +79,15 @@ def test_adaptive_controller_traffic_at_1_to_50_clients_is_lossless_and_counted(
     assert "Post-capture KV sizing" in log and UNCOUNTED not in log
 
 
-SAMPLING = {"repetition_penalty": {"repetition_penalty": 1.3}, "frequency_penalty": {"frequency_penalty": 1.0},
-            "presence_penalty": {"presence_penalty": 1.0}, "min_new_tokens": {"min_new_tokens": 48}}
+def _sampling_cases(target: str) -> dict[str, dict]:
+    """Each penalty, and min_new_tokens against an EOS pushed up so that plain decoding would stop early without it
+    (ManagedServer ignores EOS unless told otherwise)."""
+    from transformers import AutoTokenizer
+
+    eos_bias = {"ignore_eos": False, "logit_bias": {str(AutoTokenizer.from_pretrained(target).eos_token_id): 8.0}}
+    return {"repetition_penalty": {"repetition_penalty": 1.3}, "frequency_penalty": {"frequency_penalty": 1.0},
+            "presence_penalty": {"presence_penalty": 1.0}, "eos_early": eos_bias,
+            "min_new_tokens": {"min_new_tokens": 48, **eos_bias}}
 
 
 def test_penalties_and_min_p_are_served_as_plain_decoding_serves_them(gpu_config):
@@ -88,6 +95,7 @@ def test_penalties_and_min_p_are_served_as_plain_decoding_serves_them(gpu_config
     scheduler is off for them: DFlash refuses penalties under it, naming the fix); min_p at temperature 1 never
     samples a token min_p forbids, judged by the target's own log-probabilities of the sampled continuation."""
     prompts = PROMPTS[:4]
+    cases = _sampling_cases(gpu_config["model"]["path"])
     no_overlap = {**gpu_config.get("sglang_args", {}), "disable_overlap_schedule": True}
     cfgs = {"plain": dict(gpu_config, speculative={"algorithm": "none"}, sglang_args=no_overlap),
             "dflash": dict(gpu_config, speculative={"algorithm": "dflash",
@@ -98,13 +106,15 @@ def test_penalties_and_min_p_are_served_as_plain_decoding_serves_them(gpu_config
     for name, cfg in cfgs.items():
         with tempfile.TemporaryDirectory() as tmp, ManagedServer(cfg, Path(tmp), name) as server:
             outputs[name] = {k: [server.generate_text(p, max_new_tokens=64, temperature=0, **extra)["output_ids"]
-                                 for p in prompts] for k, extra in SAMPLING.items()}
+                                 for p in prompts] for k, extra in cases.items()}
             if name != "plain":
                 outputs[name]["min_p_forbidden"] = _min_p_forbidden(server, cfg["model"]["served_name"], prompts,
                                                                      0.5)
     strict = gpu_config["model"]["dtype"] == "float32"
+    plain = outputs["plain"]  # the EOS bias stops plain decoding early; min_new_tokens holds it off
+    assert max(map(len, plain["eos_early"])) < 48 <= min(map(len, plain["min_new_tokens"]))
     for name in ("dflash", "adaptive"):
-        for k in SAMPLING:
+        for k in cases:
             assert all(_same_prefix(b, s, strict) for b, s in zip(outputs["plain"][k], outputs[name][k])), (name, k)
         assert outputs[name]["min_p_forbidden"] == 0, name
 

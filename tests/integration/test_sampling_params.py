@@ -30,6 +30,7 @@ CASES = {
     "regex": {"regex": "(def|class|for|import) [a-z_]+[(:]", "ignore_eos": False},
     "json_schema": {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
                                                "required": ["a"]}), "ignore_eos": False},
+    "ebnf": {"ebnf": 'root ::= ("def" | "class" | "for" | "import") " " [a-z_]+ ("(" | ":")', "ignore_eos": False},
     "top_k_1": {"temperature": 1.0, "top_k": 1},  # greedy by another name
 }
 

@@ -31,12 +31,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.sampling_stats import ALPHA, N_PER_ARM, coverage, homogeneity_pvalue
+from tests.sampling_stats import ALPHA, N_PER_ARM, homogeneity_pvalue, informative_mass
 
 R, WIDTH = 200, 2
 PEAKED = {"V": 8, "alpha": 0.5, "p_argmax": 0.7}  # the regime the >= 0.99 claim is for
-FLAT = {"V": 16, "alpha": 0.3, "p_argmax": 0.3}   # nearer the bundled target at temperature 1 without truncation
-V, P_ARGMAX = PEAKED["V"], PEAKED["p_argmax"]
+FLAT = {"V": 16, "alpha": 0.3, "p_argmax": 0.3}   # a stated worst case: flat target, weak drafter
 
 
 class Pair:
@@ -99,14 +98,14 @@ def draw(dist: dict[tuple, float], n: int, rng: np.random.Generator) -> list[tup
 
 
 def rejection_rate(rule: str, regime: dict = PEAKED, replicates: int = R) -> tuple[float, float]:
-    """(fraction of replicates rejected, mean coverage of the coarsened statistic)."""
+    """(fraction of replicates rejected, mean informative mass of the coarsened statistic)."""
     rng = np.random.default_rng(20261124)
     rejected, cov = 0, 0.0
     for _ in range(replicates):
         pair = Pair(rng, regime["V"], regime["alpha"], regime["p_argmax"])
         a, b = draw(pair.plain(), N_PER_ARM, rng), draw(pair.speculative(rule), N_PER_ARM, rng)
         rejected += homogeneity_pvalue(a, b) < ALPHA
-        cov += coverage(a, b)
+        cov += informative_mass(a, b)
     return rejected / replicates, cov / replicates
 
 
@@ -127,7 +126,8 @@ def test_power_against_plausible_wrong_rules(rule, low, high):
                          ids=["correct", "no-exclusion", "wrong-bonus"])
 def test_power_in_the_flat_regime_is_what_the_docstring_states(rule, low, high):
     """A flat target (V = 16, Dirichlet(0.3)) and a weak drafter (its favourite 30 %): measured 0.01 / 0.68 / 0.71
-    at N_PER_ARM (100 replicates, informative mass 0.86) -- the power the untruncated temperature-1 server arms have, stated, not 0.99."""
+    at N_PER_ARM (100 replicates, informative mass 0.86) -- what the statistic cannot promise in the worst case.
+    On the bundled target's own conditionals the server arms' power is 1.00 (benchmarks/sampling_power.py)."""
     rate, _ = rejection_rate(rule, FLAT, replicates=100)
     assert low <= rate <= high
 
