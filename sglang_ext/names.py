@@ -30,6 +30,10 @@ TRITON_ON_CPU = "DFLASH_SERVE_TRITON_ON_CPU"
 guards by CUDA checks -- prepare-block and greedy accept/bonus -- and Triton's interpreter runs those kernels on
 CPU tensors. A CI test mode for GPU-only code (tests/integration/test_triton_kernels.py), never a serving mode."""
 TRITON_INTERPRET = "TRITON_INTERPRET"
+EAGER_APPEND = "DFLASH_SERVE_EAGER_DRAFT_APPEND"
+"""'1': the DFLASH_ADAPTIVE worker writes the draft-KV append of width-1 steps every step instead of deferring it to
+one batched pass (worker.py). The reference the deferred append is tested against (tests/integration/
+test_adaptive.py); also a switch for an operator who suspects the deferral."""
 
 # Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
 SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"

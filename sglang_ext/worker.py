@@ -7,8 +7,12 @@ Each decode step:
      not depend on b. At b = 1 the draft forward is skipped except on the controller's periodic probes;
   3. the target verifies the prefix [anchor, d_1 .. d_{b-1}] (TARGET_VERIFY at width b, its KV written to the
      first b slots of the step's window);
-  4. the target's hidden states of the committed tokens are appended to the draft KV cache (every step, b = 1
-     included), so the draft context stays current.
+  4. the target's hidden states of the committed tokens are appended to the draft KV cache, so the draft context
+     stays current. At b = 1 without a draft ("speculation off") the step is a decode step: one KV slot, not the
+     B-slot window, and the append is deferred -- the committed token's target features are kept and written in
+     one batched pass before anything can read the draft KV (the next draft, any non-decode forward) or after
+     DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
+     acceptance after drafting resumes is what it would have been had drafting never paused.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized.
 
@@ -40,6 +44,8 @@ from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
 
 logger = logging.getLogger(__name__)
+# width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
+DEFERRED_APPEND_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,16 @@ class StepWindow:
     cache_loc: torch.Tensor  # [bs, B] KV slots
     plan: object  # kv_index_translator plan: binds the draft and verify forwards to the window
     prefix_lens: torch.Tensor  # [bs] committed lengths
+
+
+@dataclass(frozen=True)
+class DeferredAppend:
+    """One width-1 step's draft-KV append, not yet written: the committed token's target features and where the
+    draft KV keeps them (draft-pool ids and positions). Width 1 commits exactly one token per request."""
+
+    hidden: torch.Tensor  # [bs, D]
+    cache_loc: torch.Tensor  # [bs] draft-pool KV slots
+    positions: torch.Tensor  # [bs]
 
 
 class AdaptiveDFlashWorker(DFlashWorkerV2):
@@ -75,6 +91,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
+        self._deferred: list[DeferredAppend] = []
+        self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
         if os.environ.get(names.TRITON_ON_CPU) == "1":
             self._take_triton_branches_on_cpu()
         if rank == 0:
@@ -166,6 +184,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         now = time.perf_counter()
         mode = batch.forward_mode
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
+            self._flush_deferred_append()  # a prefill reads the draft KV of cached prefixes (and may reuse slots)
             self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                     pp_proxy_tensors=pp_proxy_tensors)
@@ -182,6 +201,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs, B, b = len(batch.seq_lens), self.max_block, decision.block_size
+        if b == 1 and not decision.draft_full:
+            return self._decode_width1(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
+        self._flush_deferred_append()  # the draft reads its KV: it must hold every committed token
         window = self._plan_window(batch, draft_input, bs)
         tokens = self._draft_block_tokens_buf[:bs]  # [bs, B]: anchor, then the drafted block
         tokens[:, 0].copy_(draft_input.bonus_tokens)
@@ -194,6 +216,44 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
         self.loop.launched(LaunchedStep(rids, decision, drafted, committed))
         return result
+
+    def _decode_width1(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish,
+                       grammar_barrier):
+        """Speculation off: verify the anchor alone in the first slot of the window -- a decode step -- and defer
+        the draft-KV append (see the module docstring)."""
+        window = self._width1_window(batch, draft_input, bs)
+        cand = draft_input.bonus_tokens.view(bs, 1)
+        result = self._verify(batch, draft_input, window, cand, 1, bs, on_publish, grammar_barrier,
+                              defer_append=self._defer_width1_append)
+        committed = result.next_token_ids.view(bs, 1).to("cpu", non_blocking=True)
+        self.loop.launched(LaunchedStep(rids, decision, None, committed))
+        if len(self._deferred) >= DEFERRED_APPEND_STEPS:
+            self._flush_deferred_append()
+        return result
+
+    def _width1_window(self, batch, draft_input, bs: int) -> StepWindow:
+        """The first slot of the step's window only: the slot the scheduler reserved at the committed length."""
+        prefix_lens = batch.seq_lens
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        loc = req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64).view(bs, 1)
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=loc.view(-1), read_extent=1)
+        return StepWindow(None, prefix_lens.to(torch.int64).view(bs, 1), loc, plan, prefix_lens)
+
+    def _flush_deferred_append(self) -> None:
+        """Write the deferred width-1 appends in one pass (the same prefix-valid writer a per-step append uses)."""
+        if not self._deferred:
+            return
+        steps, self._deferred = self._deferred, []
+        hidden = torch.cat([d.hidden for d in steps])
+        cache_loc = torch.cat([d.cache_loc for d in steps])
+        positions = torch.cat([d.positions for d in steps])
+        n = int(cache_loc.numel())
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden, cache_loc=cache_loc, cache_loc_2d=cache_loc.view(n, 1), positions=positions,
+            commit_lens=torch.ones(n, dtype=torch.int32, device=cache_loc.device))
 
     def _plan_window(self, batch, draft_input, bs: int) -> StepWindow:
         """The step's KV window of B slots per request (upstream's block preparation, unchanged)."""
@@ -280,8 +340,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                 hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, B - 1)
 
     def _verify(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, b: int, bs: int, on_publish,
-                grammar_barrier):
-        """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b)."""
+                grammar_barrier, defer_append: bool = False):
+        """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b; kept for
+        a batched pass when ``defer_append``, width 1 only: one committed token per request)."""
         cols = slice(0, b)  # this step writes the first b slots of its B-slot window
         plan, prefix_lens = window.plan, window.prefix_lens
         positions = window.positions[:, :b].reshape(-1)
@@ -346,9 +407,13 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
         hidden = hidden.view(bs, b, -1)
         cache_loc = plan.write_ids(self.draft_model_runner.kv_index_translator, cols=cols)
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, b), positions=positions, commit_lens=commit_lens)
+        if defer_append:  # a copy: a CUDA graph's output buffer is overwritten by the next replay
+            self._deferred.append(DeferredAppend(hidden.reshape(bs, -1).clone(), cache_loc.reshape(-1).clone(),
+                                                 positions.to(torch.int64, copy=True)))
+        else:
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=cache_loc,
+                cache_loc_2d=cache_loc.view(bs, b), positions=positions, commit_lens=commit_lens)
         logits_output.hidden_states = None
         return upstream.GenerationBatchResult(
             logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,

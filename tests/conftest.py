@@ -50,8 +50,8 @@ def server_factory(tmp_path_factory):
     started: list[ManagedServer] = []
     workdir = tmp_path_factory.mktemp("servers")
 
-    def make(config: dict, name: str) -> ManagedServer:
-        s = ManagedServer(config, workdir, name).start()
+    def make(config: dict, name: str, env: dict[str, str] | None = None) -> ManagedServer:
+        s = ManagedServer(config, workdir, name, env=env).start()
         started.append(s)
         return s
 
