@@ -26,6 +26,7 @@ table); step times, cost learning and metrics are rank 0's; nothing here waits o
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from sglang_ext.settings import AdaptiveSettings
 
 logger = logging.getLogger(__name__)
 RECENT_FINISHED = 4096  # finished rids remembered for steps still in flight when their request ended
+MODEL_PUBLISH_SECONDS = 1.0  # the acceptance/cost gauges at most this often: ~0.8 ms each, scraped every ~15 s
 
 
 class HostArray(Protocol):
@@ -100,6 +102,7 @@ class ControllerLoop:
         self._pending: deque[LaunchedStep] = deque()
         self._finished: deque[str] = deque(maxlen=RECENT_FINISHED)
         self._finished_set: set[str] = set()
+        self._published = float("-inf")
         if metrics is not None:
             self._publish_model()
 
@@ -177,10 +180,11 @@ class ControllerLoop:
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
                                      predicted_goodput=d.predicted_goodput)
-            if synced:
+            if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 
     def _publish_model(self) -> None:
+        self._published = time.monotonic()
         cost = self.controller.cost_model
         self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
                                   cost.block_sizes, cost.table)

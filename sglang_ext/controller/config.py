@@ -44,8 +44,8 @@ class ControllerConfig:
 
     mode: ``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``) or ``schedule``
         (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
-        smallest key's entry applies). ``cycle`` walks the candidates in order, one per decode step: a diagnostic
-        and test mode that exercises every width switch (never a performance setting).
+        smallest key's entry applies). ``cycle`` walks the candidates in order (or ``cycle_pattern``), one per
+        decode step: a diagnostic and test mode that exercises every width switch (never a performance setting).
     candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
         default) = auto: the powers of two below the drafter's trained block, and the block itself.
     hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
@@ -58,8 +58,14 @@ class ControllerConfig:
         (position j's prior is position j-1's estimate, with the same strength).
     probe_interval: while the chosen block is 1 (draft skipped), ask for a full draft every this many steps so
         hindsight keeps observing acceptance; 0 disables probing.
+    probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
+        width's predicted goodput is at least ``probe_near_ratio`` of width 1's: when acceptance returns, the probes'
+        evidence then turns speculation back on within tens of steps rather than hundreds, while a workload the
+        drafter cannot guess (rival far below) keeps paying for the rare probe only. 0 disables.
     fixed_block: the block of ``fixed`` mode (must be a candidate).
     schedule: the table of ``schedule`` mode; stored as a sorted tuple of ``(batch_size, block)`` pairs.
+    cycle_pattern: the widths ``cycle`` mode walks, one per step, repeating (e.g. ``[1, 1, 1, 1, 1, 16]``: drafting
+        pauses for five steps and resumes); every width must be a candidate. Unset: the candidates in order.
     cost_ema: weight of a new step-time measurement in the cost table's EMA.
     cost_sync_interval: observed steps between cost-table broadcasts (see ``BlockSizeController.cost_sync_due``).
     objective: ``steady`` (default) scores block b by the long-run goodput of a closed batch, bs * H(b) / T(B, b),
@@ -80,8 +86,11 @@ class ControllerConfig:
     global_prior_mean: float = 0.5
     global_prior_strength: float = 2.0
     probe_interval: int = 32
+    probe_near_interval: int = 4
+    probe_near_ratio: float = 0.7
     fixed_block: int | None = None
     schedule: Any = None  # Mapping[int, int] | tuple[tuple[int, int], ...] | None; normalised to a tuple
+    cycle_pattern: tuple[int, ...] | None = None
     cost_ema: float = 0.1
     cost_sync_interval: int = 16
     objective: str = "steady"
@@ -93,6 +102,8 @@ class ControllerConfig:
         cands = self.candidates
         if isinstance(cands, (list, tuple)):
             object.__setattr__(self, "candidates", tuple(cands))
+        if isinstance(self.cycle_pattern, list):
+            object.__setattr__(self, "cycle_pattern", tuple(self.cycle_pattern))
         sched = self.schedule
         if sched is not None:
             object.__setattr__(self, "schedule", _normalise_schedule(sched))
@@ -126,6 +137,10 @@ class ControllerConfig:
             _fail("global_prior_strength", f"must be a number > 0, got {self.global_prior_strength!r}")
         if not (_is_int(self.probe_interval) and self.probe_interval >= 0):
             _fail("probe_interval", f"must be an int >= 0 (0 disables probing), got {self.probe_interval!r}")
+        if not (_is_int(self.probe_near_interval) and self.probe_near_interval >= 0):
+            _fail("probe_near_interval", f"must be an int >= 0 (0 disables), got {self.probe_near_interval!r}")
+        if not (_is_real(self.probe_near_ratio) and 0.0 < self.probe_near_ratio <= 1.0):
+            _fail("probe_near_ratio", f"must be a number in (0, 1], got {self.probe_near_ratio!r}")
         if not (_is_real(self.cost_ema) and 0.0 < self.cost_ema <= 1.0):
             _fail("cost_ema", f"must be a number in (0, 1], got {self.cost_ema!r}")
         if not (_is_int(self.cost_sync_interval) and self.cost_sync_interval >= 1):
@@ -144,6 +159,14 @@ class ControllerConfig:
                 _fail("fixed_block", f"must be an int >= 1, got {self.fixed_block!r}")
             if c is not None and self.fixed_block not in c:
                 _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {c}")
+        pattern = self.cycle_pattern
+        if pattern is not None:
+            if self.mode != "cycle":
+                _fail("cycle_pattern", f"is used by mode 'cycle' only (mode is {self.mode!r})")
+            if not isinstance(pattern, tuple) or not pattern or not all(_is_int(b) and b >= 1 for b in pattern):
+                _fail("cycle_pattern", f"must be a non-empty sequence of ints >= 1, got {pattern!r}")
+            if c is not None and not set(pattern) <= set(c):
+                _fail("cycle_pattern", f"{sorted(set(pattern) - set(c))} are not among the candidates {c}")
         if self.mode == "schedule" and self.schedule is None:
             _fail("schedule", "is required when mode is 'schedule'")
         if self.schedule is not None:
@@ -179,6 +202,9 @@ class ControllerConfig:
         if self.fixed_block is not None and self.fixed_block not in cands:
             _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {cands} (drafter block "
                                  f"{max_block})")
+        if self.cycle_pattern is not None and not set(self.cycle_pattern) <= set(cands):
+            _fail("cycle_pattern", f"{sorted(set(self.cycle_pattern) - set(cands))} are not among the candidates "
+                                   f"{cands} (drafter block {max_block})")
         for bs, blk in self.schedule or ():
             if blk not in cands:
                 _fail("schedule", f"block {blk} for batch size {bs} is not one of the candidates {cands} (drafter "
@@ -193,6 +219,7 @@ class ControllerConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["candidates"] = None if self.candidates is None else list(self.candidates)
         d["schedule"] = None if self.schedule is None else {str(k): v for k, v in self.schedule}
+        d["cycle_pattern"] = None if self.cycle_pattern is None else list(self.cycle_pattern)
         return d
 
     @classmethod

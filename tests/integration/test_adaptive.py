@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import PROMPTS, default_config
+from tests.conftest import PROMPTS, REPO, default_config
 from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
     ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue, plain_greedy, prompt_ids)
 
@@ -51,6 +51,43 @@ def scheduled_server(server_factory, tiny_pair):
 def cycling_server(server_factory, tiny_pair):
     """Switches the verify width every decode step (1, 2, 4, 8, 16, 1, ...), b = 1 skipping the draft."""
     return server_factory(adaptive_config(tiny_pair, mode="cycle"), "adaptive-cycle")
+
+
+# drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: the 20-step pause is longer than
+# the worker's DEFERRED_APPEND_STEPS, so deferred appends are flushed both mid-pause and when drafting resumes
+PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
+
+
+@pytest.fixture(scope="module")
+def pausing_servers(server_factory, tiny_pair):
+    """(deferred, eager): the same pausing cycle, width-1 draft-KV appends deferred (the product) or written every
+    step (the reference, names.EAGER_APPEND). The cycle position is the server's step count: every test sends both
+    the same requests in the same order, so they stay in step."""
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 16], cycle_pattern=PAUSES)
+    return (server_factory(cfg, "adaptive-pausing"),
+            server_factory(cfg, "adaptive-pausing-eager", env={"DFLASH_SERVE_EAGER_DRAFT_APPEND": "1"}))
+
+
+def test_greedy_equals_plain_across_speculation_off_on_transitions(pausing_servers, plain_greedy, prompt_ids):
+    for server in pausing_servers:
+        single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+        assert [r["output_ids"] for r in single] == plain_greedy, server.log_path.name
+        batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+        assert [r["output_ids"] for r in batched] == plain_greedy, server.log_path.name
+
+
+def test_acceptance_after_resuming_equals_acceptance_never_paused(pausing_servers, prompt_ids):
+    """Deferred appends leave the draft KV exactly as per-step appends do: every request accepts the same drafts
+    at the same steps on both servers (same greedy outputs, same deterministic width sequence)."""
+    deferred, eager = pausing_servers
+    seen = []
+    for server in (deferred, eager):
+        out = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+        out.append(server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0))  # a batch too
+        seen.append([(r["output_ids"], r["meta_info"]["spec_verify_ct"], r["meta_info"]["spec_num_correct_drafts"])
+                     for r in (out[:-1] + out[-1])])
+    assert seen[0] == seen[1]
+    assert sum(c for _, _, c in seen[0]) > len(seen[0]) * 4, "few drafts accepted: resumption barely exercised"
 
 
 def test_greedy_equals_plain_at_every_fixed_width(scheduled_server, plain_greedy, prompt_ids):
@@ -126,3 +163,49 @@ def test_controller_moves_width_with_load(server_factory, tiny_pair, prompt_ids,
     loaded = delta(steps(), before)
     assert loaded["1"] >= 0.6 * sum(loaded.values()), loaded
     assert sum(scrape(server, "dflash_block_size_switches_total").values()) >= 1
+
+
+def test_speculation_turns_off_when_acceptance_collapses_and_back_on_when_it_returns(server_factory, tiny_pair,
+                                                                                        prompt_ids, tmp_path):
+    """One server, the workload switching under it: code greedy (the drafter's home ground), then prose sampled at
+    temperature 1 (the code drafter guesses little), then code again. Learning off so the cost landscape is known:
+    speculation pays only when acceptance is high. Each phase is a few requests; the controller must follow within them, probes included.
+    The cost profile is benchmarks/step_profile.py's measurement at 1 request: any drafted width costs ~1.7-2x a
+    width-1 step (the draft runs over the full block), so only a drafter that lands ~2 tokens a step pays."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"batch_buckets": [1, 64], "block_sizes": list(WIDTHS),
+                                   "seconds": [[0.010, 0.0170, 0.0173, 0.0180, 0.0200]] * 2}))
+    server = server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
+                            "adaptive-switching")
+    prose = [json.loads(line)["messages"][-1]["content"]
+             for line in (REPO / "loadtest/prompts/prose.jsonl").read_text().splitlines()[:4]]
+
+    def steps() -> dict[str, float]:
+        return by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
+
+    def run(send, items) -> list[dict[str, float]]:
+        """Verify steps per width of each request (sent one at a time, so the counters' deltas are its own)."""
+        out = []
+        for item in items:
+            before = steps()
+            send(item)
+            out.append({b: n for b, n in delta(steps(), before).items() if n})
+        return out
+
+    code = lambda ids: server.generate(ids, max_new_tokens=96, temperature=0)  # noqa: E731
+    prose_sampled = lambda text: server.generate_text(text, max_new_tokens=96, temperature=1.0)  # noqa: E731
+    on = run(code, prompt_ids[:3])
+    off = run(prose_sampled, prose)
+    back = run(code, prompt_ids[:3])
+    print("verify steps per width: code", on, "prose", off, "code again", back)
+
+    def share_off(req: dict[str, float]) -> float:
+        return req.get("1", 0) / sum(req.values())
+
+    assert all(share_off(r) == 0 for r in on), f"code, greedy: speculation should be on (width > 1): {on}"
+    # the first prose request starts from the code requests' acceptance (~40 of its steps at width 16: the prior
+    # of a new request is the global estimate, 100-step memory) and turns off within itself; by the last, off
+    assert share_off(off[0]) > 0, f"prose at temperature 1: speculation never turned off in the first request: {off}"
+    assert share_off(off[-1]) >= 0.8, f"prose at temperature 1: speculation should be off (width 1): {off}"
+    assert share_off(back[0]) < 1, f"code again: speculation should come back within the first request: {back}"
+    assert share_off(back[-1]) <= 0.2, f"code again: speculation should be back on: {back}"

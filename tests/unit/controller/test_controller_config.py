@@ -111,3 +111,17 @@ def test_auto_candidates_are_powers_of_two_up_to_the_block() -> None:
     assert ControllerConfig().candidates_for(10) == (1, 2, 4, 8, 10)
     assert ControllerConfig().candidates_for(1) == (1,)
     assert ControllerConfig(candidates=(1, 8)).candidates_for(16) == (1, 8)
+
+
+def test_cycle_pattern_is_cycle_modes_and_made_of_candidates() -> None:
+    assert ControllerConfig.from_dict({"mode": "cycle", "cycle_pattern": [1, 1, 16]}).cycle_pattern == (1, 1, 16)
+    with pytest.raises(ValueError, match=r"^cycle_pattern: is used by mode 'cycle' only"):
+        ControllerConfig(mode="adaptive", cycle_pattern=(1, 16))
+    with pytest.raises(ValueError, match=r"^cycle_pattern: \[3\] are not among the candidates"):
+        ControllerConfig(mode="cycle", candidates=(1, 16), cycle_pattern=(1, 3))
+    with pytest.raises(ValueError, match=r"^cycle_pattern: \[32\] are not among the candidates"):
+        ControllerConfig(mode="cycle", cycle_pattern=(1, 32)).check_against_max_block(16)
+    with pytest.raises(ValueError, match=r"^cycle_pattern: must be a non-empty"):
+        ControllerConfig(mode="cycle", cycle_pattern=())
+    cfg = ControllerConfig(mode="cycle", cycle_pattern=(1, 16))
+    assert ControllerConfig.from_dict(cfg.to_dict()) == cfg

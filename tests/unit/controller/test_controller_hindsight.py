@@ -161,3 +161,34 @@ def test_buffer_capacity_and_reset() -> None:
     hb.add_blocks(np.array([3]), np.zeros((1, J), dtype=np.int64))
     hb.reset(np.array([3]))
     assert not hb.pend_valid[3].any() and hb.stream_len[3] == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), probe_every=st.integers(1, 40))
+def test_skipping_the_stream_while_nothing_is_pending_changes_no_estimate(seed: int, probe_every: int) -> None:
+    """Speculation off (width 1) with a probe every few steps: the controller skips hindsight's stream while no
+    block is undecided. Its estimates must equal a reference fed every committed token, and ``pending`` must count
+    exactly the undecided blocks."""
+    rng = np.random.default_rng(seed)
+    streams = [GreedyStream(rng) for _ in range(3)]
+    ctrl = _controller()
+    ref = HindsightBuffer(MAXB, 8)
+    ref_obs: list[tuple[int, int]] = []
+    for step in range(200):
+        probe = step % probe_every == 0
+        drafted = np.stack([s.draft(0.8)[0] for s in streams]) if probe else None
+        committed = [s.commit(0) for s in streams]
+        slots = np.arange(1, 4)
+        if probe:
+            ref.add_blocks(slots, drafted)
+        ref.append(slots, np.ones(3, dtype=np.int64), np.array([c[0] for c in committed]))
+        rs, ra, _ = ref.resolve(slots)
+        ref_obs += list(zip(rs.tolist(), ra.tolist()))
+        ctrl.observe_step(["a", "b", "c"], 1, np.zeros(3, dtype=np.int64), drafted, committed)
+        h = ctrl.hindsight
+        assert h.pending == int(h.pend_valid.sum())
+    ref_stats = _controller().stats
+    for slot, acc in ref_obs:
+        ref_stats.observe(np.array([slot]), np.array([acc]), np.array([J]))
+    np.testing.assert_allclose(ctrl.stats.a_r[:, 1:4], ref_stats.a_r[:, 1:4])
+    np.testing.assert_allclose(ctrl.stats.n_r[:, 1:4], ref_stats.n_r[:, 1:4])

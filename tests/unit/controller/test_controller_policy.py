@@ -295,3 +295,14 @@ def test_modelled_seed_measures_every_cell_once() -> None:
     assert set(seen) == set(BLOCKS)  # every cell measured once
     good = {b: 64 * (1 + sum(0.9 ** j for j in range(1, b))) / t for b, t in true_t.items()}
     assert seen[-1] == max(good, key=good.get) == 8
+
+
+def test_cycle_mode_walks_its_pattern_and_drafts_only_above_width_1() -> None:
+    """The diagnostic mode the off/on-transition tests use: drafting pauses for the pattern's runs of 1."""
+    cfg = ControllerConfig(mode="cycle", cycle_pattern=(1, 1, 1, 16))
+    ctrl = BlockSizeController(cfg, CostModel.default(BLOCKS))
+    got = [ctrl.decide(["a", "b"]) for _ in range(8)]
+    assert [d.block_size for d in got] == [1, 1, 1, 16] * 2
+    assert [d.draft_full for d in got] == [False, False, False, True] * 2
+    plain = BlockSizeController(ControllerConfig(mode="cycle"), CostModel.default(BLOCKS))
+    assert [plain.decide(["a"]).block_size for _ in range(6)] == [1, 2, 4, 8, 16, 1]
