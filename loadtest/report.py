@@ -84,7 +84,7 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
     load = (f"{meta['duration_s']} s per point" if meta.get("duration_s")
             else f"{meta.get('requests')} requests per point")
     lines = [
-        "# DFlash serving sweep",
+        f"# DFlash serving sweep{': ' + meta['workload'] if meta.get('workload') else ''}",
         "",
         f"{meta.get('started', '?')} → {meta.get('finished', 'unfinished')}, {meta.get('cpu_count')} CPUs. "
         f"Locust closed loop (`loadtest/chat.py`, streaming chat completions), {load} after "
@@ -99,7 +99,8 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         "is the gap between streamed chunks (a speculative step can emit several tokens in one chunk), TPOT the "
         "time per output token after the first.",
         "- **accept**: mean tokens per verify step, from the server's `sglang:generation_tokens_total` / "
-        "`sglang:spec_verify_calls_total` over the point.",
+        "`sglang:spec_verify_calls_total` over the point. **ITL p50** is the point's typical decode step time: the "
+        "server streams one chunk per step.",
         "",
         "## Results",
         "",
@@ -127,6 +128,22 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         lines += ["", f"## Speedup over {baseline} (output tok/s)", "",
                   "| users | " + " | ".join(others) + " |", "|---:|" + "---:|" * len(others)]
         lines += [f"| {u} | " + " | ".join(_num(by.get((c, u)), ".2f") for c in others) + " |" for u in users]
+    configs = list(dict.fromkeys(p["config"] for p in ok))
+    if len(configs) > 1:
+        users = sorted({p["users"] for p in ok})
+        tok = {(p["config"], p["users"]): p["output_tok_s"] for p in ok}
+        lines += ["", "## Each configuration against the best of the others (output tok/s ratio)", "",
+                  "| users | " + " | ".join(configs) + " |", "|---:|" + "---:|" * len(configs)]
+        for u in users:
+            cells = []
+            for c in configs:
+                rest = [tok[(o, u)] for o in configs if o != c and (o, u) in tok]
+                cells.append(_num(tok[(c, u)] / max(rest), ".2f") if (c, u) in tok and rest else "—")
+            lines.append(f"| {u} | " + " | ".join(cells) + " |")
+        worst = {c: min((tok[(c, u)] / max(tok[(o, u)] for o in configs if o != c and (o, u) in tok)
+                         for u in users if (c, u) in tok and any((o, u) in tok for o in configs if o != c)),
+                        default=None) for c in configs}
+        lines.append("| **worst** | " + " | ".join(_num(worst[c], ".2f") for c in configs) + " |")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     failed = [p for p in points if not p.get("ok")]

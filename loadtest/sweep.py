@@ -1,14 +1,17 @@
-"""Sweep server configurations x concurrency with Locust; write results.json/.csv, report.md and plots.
+"""Sweep server configurations x workloads x concurrency with Locust; write results.json/.csv, report.md, plots.
 
-    python -m loadtest.sweep                                          # every config in loadtest/configs.yaml
-    python -m loadtest.sweep --configs no-spec dflash-b16 --users 1 4 16 --duration 20
+    python -m loadtest.sweep                                          # every config and workload in configs.yaml
+    python -m loadtest.sweep --configs no-spec dflash-b16 --workloads prose --users 1 4 16 --duration 20
     python -m loadtest.sweep --url mine=http://127.0.0.1:30000 --users 1 2 --duration 5
+    python -m loadtest.sweep --dataset my.jsonl --temperature 0.7       # one ad-hoc workload, named `custom`
     python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
 
 Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) unless `--url NAME=URL` gives a
-running server; then per user count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py
---headless` as a subprocess (Locust's gevent patching breaks SGLang, so never in this process), wait until the
-server is idle, scrape again. Results are rewritten after every point, so an interrupted sweep keeps its data.
+running server; then per workload (prompts + temperature, `workloads:` in the configurations file) and user
+count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py --headless` as a subprocess (Locust's
+gevent patching breaks SGLang, so never in this process), wait until the server is idle, scrape again. Each
+workload's results go to OUT/<workload>/ and are rewritten after every point, so an interrupted sweep keeps its
+data.
 """
 from __future__ import annotations
 
@@ -58,11 +61,45 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+class Workload(NamedTuple):
+    """What the users send: prompts and a sampling temperature."""
+
+    dataset: Path | None          # JSONL prompts; None = the bundled code mix
+    temperature: float
+
+
+CUSTOM = "custom"  # the workload --dataset / --temperature describe
+
+
 class Configs(NamedTuple):
     baseline: str | None          # speedups are relative to this configuration
     base: Path                    # the dflash-serve config every override applies to
     full: dict[str, dict]         # name -> complete config, absolute paths, validated
     overrides: dict[str, dict]    # name -> the override as written
+    workloads: dict[str, Workload]  # name -> workload (the file's `workloads:`; the bundled mix, greedy, if none)
+
+
+def load_workloads(path: Path, doc: dict) -> dict[str, Workload]:
+    raw = doc.get("workloads")
+    if raw is None:
+        return {"code": Workload(None, 0.0)}
+    if not isinstance(raw, dict) or not raw:
+        raise SweepError(f"{path}: `workloads:` must map names to {{dataset: FILE, temperature: T}}")
+    out = {}
+    for name, w in raw.items():
+        if not isinstance(w, dict) or set(w) - {"dataset", "temperature"}:
+            raise SweepError(f"{path}: workloads.{name}: expected {{dataset: FILE, temperature: T}}, got {w!r}")
+        t = w.get("temperature", 0.0)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+            raise SweepError(f"{path}: workloads.{name}.temperature: expected a number >= 0, got {t!r}")
+        dataset = (path.parent / w["dataset"]).resolve() if w.get("dataset") else None
+        if dataset is not None:
+            try:
+                load_prompts(dataset)
+            except DatasetError as e:
+                raise SweepError(f"{path}: workloads.{name}.dataset: {e}") from None
+        out[name] = Workload(dataset, float(t))
+    return out
 
 
 def load_configs(path: Path, base_override: Path | None = None) -> Configs:
@@ -93,7 +130,7 @@ def load_configs(path: Path, base_override: Path | None = None) -> Configs:
         except ConfigError as e:
             raise SweepError(f"{path}: configs.{name}: {e}") from None
         configs[name] = cfg.model_dump(mode="json", exclude_none=True)
-    return Configs(doc.get("baseline"), base_path.resolve(), configs, doc["configs"])
+    return Configs(doc.get("baseline"), base_path.resolve(), configs, doc["configs"], load_workloads(path, doc))
 
 
 def parse_urls(items: list[str]) -> dict[str, str]:
@@ -155,21 +192,21 @@ def wait_idle(url: str, timeout: float = 300) -> bool:
     return False
 
 
-def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path) -> dict:
+def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, workload: Workload) -> dict:
     """Warm up, run Locust headless at `users`, and return the point's record."""
     raw_dir.mkdir(parents=True, exist_ok=True)
     stem = raw_dir / f"u{users}"
     summary_path = Path(f"{stem}_summary.json")
     summary_path.unlink(missing_ok=True)
-    warm_up(url, args.warmup, args.prompts[0])
+    warm_up(url, args.warmup, load_prompts(workload.dataset)[0])
     before = server_metrics.scrape(url, _headers())
     cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
            "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
            "--summary-file", str(summary_path), "--max-tokens", str(args.max_tokens),
-           "--temperature", str(args.temperature), "--max-failure-ratio", str(args.max_failure_ratio)]
+           "--temperature", str(workload.temperature), "--max-failure-ratio", str(args.max_failure_ratio)]
     cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
-    if args.dataset:
-        cmd += ["--dataset", str(args.dataset)]
+    if workload.dataset:
+        cmd += ["--dataset", str(workload.dataset)]
     if args.ignore_eos:
         cmd += ["--ignore-eos"]
     cmd += args.locust_arg
@@ -225,8 +262,23 @@ def _fmt_point(p: dict) -> str:
             + (f", accept {acc:.2f}" if acc else ""))
 
 
+def chosen_workloads(args: argparse.Namespace, workloads: dict[str, Workload]) -> dict[str, Workload]:
+    """--dataset/--temperature: one ad-hoc workload (`custom`); else --workloads (default: all of the file's)."""
+    if args.dataset is not None or args.temperature is not None:
+        if args.workloads:
+            raise SweepError("--workloads and --dataset/--temperature exclude each other: a workload is its own "
+                             "prompts and temperature")
+        return {CUSTOM: Workload(args.dataset, args.temperature if args.temperature is not None else 0.0)}
+    names = args.workloads or list(workloads)
+    unknown = [n for n in names if n not in workloads]
+    if unknown:
+        raise SweepError(f"unknown workload(s) {unknown}: choose from {list(workloads)} in {args.config_file}")
+    return {n: workloads[n] for n in names}
+
+
 def sweep(args: argparse.Namespace) -> int:
-    baseline, base, configs, overrides = load_configs(args.config_file, args.base_config)
+    baseline, base, configs, overrides, file_workloads = load_configs(args.config_file, args.base_config)
+    workloads = chosen_workloads(args, file_workloads)
     urls = parse_urls(args.url)
     names = args.configs or (list(urls) if urls else list(configs))
     unknown = [n for n in names if n not in configs and n not in urls]
@@ -235,16 +287,19 @@ def sweep(args: argparse.Namespace) -> int:
                          f"or give --url NAME=URL")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "users": args.users,
-            "duration_s": args.duration if args.requests is None else None,
-            "requests": args.requests, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "ignore_eos": args.ignore_eos, "warmup": args.warmup, "dataset": str(args.dataset or "bundled mix"),
-            "baseline": args.baseline or baseline, "cpu_count": os.cpu_count(), "base_config": str(base),
-            "configs": {n: ({"url": urls[n]} if n in urls else {"override": overrides[n], "config": configs[n]})
-                        for n in names}}
-    points: list[dict] = []
-    total_points = len(names) * len(args.users)
-    failed = 0
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    metas = {wl: {"started": started, "workload": wl, "users": args.users,
+                  "duration_s": args.duration if args.requests is None else None,
+                  "requests": args.requests, "max_tokens": args.max_tokens, "temperature": w.temperature,
+                  "ignore_eos": args.ignore_eos, "warmup": args.warmup,
+                  "dataset": str(w.dataset or "bundled mix"), "baseline": args.baseline or baseline,
+                  "cpu_count": os.cpu_count(), "base_config": str(base),
+                  "configs": {n: ({"url": urls[n]} if n in urls else {"override": overrides[n], "config": configs[n]})
+                              for n in names}}
+             for wl, w in workloads.items()}
+    points: dict[str, list[dict]] = {wl: [] for wl in workloads}
+    total_points = len(names) * len(workloads) * len(args.users)
+    done = failed = 0
     for ci, name in enumerate(names, 1):
         head = f"config {ci}/{len(names)} {name}"
         server = None
@@ -261,27 +316,32 @@ def sweep(args: argparse.Namespace) -> int:
                 server.start()
                 url = server.url
                 log(f"{head}: ready at {url} in {time.monotonic() - t0:.0f}s")
-            for ui, users in enumerate(args.users, 1):
-                log(f"{head}, users {users} ({ui}/{len(args.users)}) ...")
-                point = {"config": name, **run_point(url, users, args, out / "raw" / name)}
-                points.append(point)
-                failed += not point["ok"]
-                report.write_results(out, meta, points)
-                log(f"{head}, users {users} ({ui}/{len(args.users)}): {_fmt_point(point)} "
-                    f"[{len(points)}/{total_points}]")
+            for wl, w in workloads.items():
+                for ui, users in enumerate(args.users, 1):
+                    where = f"{head}, {wl}, users {users} ({ui}/{len(args.users)})"
+                    log(f"{where} ...")
+                    point = {"config": name, "workload": wl,
+                             **run_point(url, users, args, out / wl / "raw" / name, w)}
+                    points[wl].append(point)
+                    done += 1
+                    failed += not point["ok"]
+                    report.write_results(out / wl, metas[wl], points[wl])
+                    log(f"{where}: {_fmt_point(point)} [{done}/{total_points}]")
         except (SweepError, RuntimeError) as e:
             # one broken configuration (a server that will not start) must not cost the others their results
             log(f"{head}: FAILED: {e}")
             failed += 1
-            points.append({"config": name, "users": None, "ok": False, "error": str(e)[:2000]})
-            report.write_results(out, meta, points)
+            for wl in workloads:
+                points[wl].append({"config": name, "workload": wl, "users": None, "ok": False, "error": str(e)[:2000]})
+                report.write_results(out / wl, metas[wl], points[wl])
         finally:
             if server is not None:
                 server.stop()
-    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    report.write_results(out, meta, points)
-    written = report.write_report(out)
-    log(f"wrote {', '.join(str(p.relative_to(out)) for p in written)} in {out}")
+    for wl in workloads:
+        metas[wl]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        report.write_results(out / wl, metas[wl], points[wl])
+        written = report.write_report(out / wl)
+        log(f"{wl}: wrote {', '.join(str(p.relative_to(out)) for p in written)} in {out}")
     if failed:
         log(f"{failed} point(s) failed; see report.md and the raw/ logs")
     return 1 if failed else 0
@@ -305,30 +365,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--point-timeout", type=int, default=3600, help="seconds before a --requests point is killed")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each point")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--workloads", nargs="+", metavar="NAME",
+                   help="run only these workloads of the configurations file (default: all)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="with or without --dataset: one ad-hoc workload `custom` instead of the file's")
     p.add_argument("--ignore-eos", action="store_true", help="every request generates exactly --max-tokens")
-    p.add_argument("--dataset", type=Path, default=None, help="JSONL prompts (default: loadtest/prompts/mix.jsonl)")
+    p.add_argument("--dataset", type=Path, default=None,
+                   help="JSONL prompts of an ad-hoc workload `custom` (temperature --temperature, default 0)")
     p.add_argument("--max-failure-ratio", type=float, default=0.01, help="a point fails above this")
     p.add_argument("--locust-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every Locust run, e.g. --locust-arg=--think-time=1 (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     p.add_argument("--report-only", action="store_true", help="rewrite report.md, results.csv and plots from "
-                                                               "--out/results.json without running anything")
+                                                               "the results.json of --out (or of each workload "
+                                                               "directory in it) without running anything")
     args = p.parse_args(argv)
     try:
         if args.report_only:
-            try:
-                written = report.write_report(args.out)
-            except FileNotFoundError as e:
-                raise SweepError(str(e)) from None
-            log(f"wrote {', '.join(str(w.relative_to(args.out)) for w in written)} in {args.out}")
+            dirs = [args.out] if (args.out / report.RESULTS).is_file() else \
+                sorted(d for d in args.out.glob("*") if (d / report.RESULTS).is_file())
+            if not dirs:
+                raise SweepError(f"no {report.RESULTS} in {args.out} or its workload directories: run the sweep "
+                                 f"first (python -m loadtest.sweep --out {args.out})")
+            for d in dirs:
+                written = report.write_report(d)
+                log(f"wrote {', '.join(str(w.relative_to(args.out)) for w in written)} in {args.out}")
             return 0
         if any(u < 1 for u in args.users) or args.duration < 1 or (args.requests is not None and args.requests < 1):
             raise SweepError("--users, --duration and --requests must be positive")
-        try:
-            args.prompts = load_prompts(args.dataset)
-        except DatasetError as e:
-            raise SweepError(f"--dataset {e}") from None
+        if args.temperature is not None and args.temperature < 0:
+            raise SweepError("--temperature must be >= 0")
+        if args.dataset is not None:
+            try:
+                load_prompts(args.dataset)
+            except DatasetError as e:
+                raise SweepError(f"--dataset {e}") from None
         return sweep(args)
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)

@@ -87,12 +87,17 @@ def test_bad_dataset_line_is_a_clear_startup_error(tmp_path):
 
 @pytest.mark.server
 def test_small_sweep_against_a_running_server(dflash_server, tmp_path):
-    out = tmp_path / "sweep"
+    """Both shipped workloads (code mix greedy, prose at temperature 1), each into its own directory."""
+    top = tmp_path / "sweep"
     r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
                         "--users", "1", "2", "--duration", "5", "--max-tokens", "32", "--warmup", "1",
-                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=180)
+                        "--out", str(top)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "[sweep] config 1/1 tiny, users 2 (2/2)" in r.stdout
+    assert "[sweep] config 1/1 tiny, prose, users 2 (2/2)" in r.stdout
+    prose = json.loads((top / "prose" / "results.json").read_text())
+    assert prose["meta"]["temperature"] == 1 and prose["meta"]["dataset"].endswith("prose.jsonl")
+    assert [(p["config"], p["users"], p["ok"]) for p in prose["points"]] == [("tiny", 1, True), ("tiny", 2, True)]
+    out = top / "code"
     points = json.loads((out / "results.json").read_text())["points"]
     assert [(p["config"], p["users"], p["ok"]) for p in points] == [("tiny", 1, True), ("tiny", 2, True)]
     assert all(p["output_tok_s"] > 0 and p["failures"] == 0 for p in points)

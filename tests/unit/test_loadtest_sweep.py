@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from loadtest import report, server_metrics
-from loadtest.sweep import DEFAULT_CONFIGS, SweepError, deep_merge, load_configs, main, parse_urls
+from loadtest.sweep import (DEFAULT_CONFIGS, SweepError, Workload, chosen_workloads, deep_merge, load_configs, main,
+                            parse_urls)
 
 
 def test_shipped_configurations_validate_with_absolute_paths():
-    baseline, base, configs, overrides = load_configs(DEFAULT_CONFIGS)
+    baseline, base, configs, overrides, workloads = load_configs(DEFAULT_CONFIGS)
     assert base == (DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml").resolve()
     assert overrides["dflash-b4"] == {"speculative": {"algorithm": "dflash", "block_size": 4}}
     assert baseline == "no-spec"
@@ -23,6 +24,45 @@ def test_shipped_configurations_validate_with_absolute_paths():
     assert [configs[f"dflash-b{b}"]["speculative"]["block_size"] for b in (4, 8, 16)] == [4, 8, 16]
     for cfg in configs.values():     # written to another directory by ManagedServer: paths must not be relative
         assert Path(cfg["model"]["path"]).is_absolute() and Path(cfg["model"]["path"]).is_dir()
+
+
+def test_shipped_workloads_are_the_code_mix_greedy_and_prose_at_temperature_1():
+    workloads = load_configs(DEFAULT_CONFIGS).workloads
+    assert workloads == {"code": Workload(DEFAULT_CONFIGS.parent / "prompts/mix.jsonl", 0.0),
+                         "prose": Workload(DEFAULT_CONFIGS.parent / "prompts/prose.jsonl", 1.0)}
+    prose = [json.loads(line) for line in workloads["prose"].dataset.read_text().splitlines()]
+    assert len(prose) >= 30 and {p["category"] for p in prose} == {"prose"}
+    assert not any("def " in m["content"] or "import " in m["content"] for p in prose for m in p["messages"])
+
+
+def _args(**kw):
+    import argparse
+
+    return argparse.Namespace(**{"dataset": None, "temperature": None, "workloads": None,
+                                 "config_file": DEFAULT_CONFIGS, **kw})
+
+
+def test_workload_choice_ad_hoc_or_named():
+    shipped = load_configs(DEFAULT_CONFIGS).workloads
+    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose"]
+    assert list(chosen_workloads(_args(workloads=["prose"]), shipped)) == ["prose"]
+    assert chosen_workloads(_args(temperature=0.7), shipped) == {"custom": Workload(None, 0.7)}
+    with pytest.raises(SweepError, match=r"unknown workload\(s\) \['nope'\]"):
+        chosen_workloads(_args(workloads=["nope"]), shipped)
+    with pytest.raises(SweepError, match="exclude each other"):
+        chosen_workloads(_args(workloads=["code"], temperature=1.0), shipped)
+
+
+def test_a_bad_workload_is_named(tmp_path):
+    base = str(DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": base, "configs": {"a": {}},
+                                                     "workloads": {"w": {"temperature": -1}}}))
+    with pytest.raises(SweepError, match=r"workloads\.w\.temperature: expected a number >= 0"):
+        load_configs(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": base, "configs": {"a": {}},
+                                                     "workloads": {"w": {"dataset": "missing.jsonl"}}}))
+    with pytest.raises(SweepError, match=r"workloads\.w\.dataset: .*missing\.jsonl: cannot read"):
+        load_configs(tmp_path / "c.yaml")
 
 
 def test_a_configuration_is_one_entry(tmp_path):
@@ -122,6 +162,7 @@ def test_report_table_speedup_csv_and_plots(tmp_path):
     assert "| dflash-b16 | 1 | 150.0 | 3.00× | 10 | 20 |" in md
     assert "| dflash-b16 | 4 | 200.0 | 2.00× |" in md
     assert "## Speedup over no-spec" in md and "| 4 | 2.00 |" in md
+    assert "| 1 | 0.33 | 3.00 |" in md and "| **worst** | 0.33 | 2.00 |" in md  # each against the best other
     assert "dflash-b16 users 8: locust exited 1" in md                 # failed points are reported, not hidden
     assert "8:100%" in md                                              # block-size shares when the server has them
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
