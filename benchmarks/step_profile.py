@@ -1,7 +1,7 @@
 """Where a decode step's time goes, through real servers: step time measured, then split by py-spy samples.
 
 For each configuration (no-spec; upstream DFlash block 16; dflash_adaptive held at verify width 1, 4 and 16 by
-the controller's `fixed` mode) and each load (1 and 16 concurrent requests):
+the controller's `fixed` mode, and choosing for itself) and each load (1 and 16 concurrent requests):
   1. step time: the same random prompts run for 1 and for N new tokens (greedy, EOS ignored, radix cache off);
      step = (t_N - t_1) / decode steps, as benchmarks/step_time.py (its helpers); every server runs at once and
      they are measured in turns, the median of --repeats rounds;
@@ -66,6 +66,7 @@ CONFIGS = {
     "adaptive-w4": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {"mode": "fixed", "fixed_block": 4}}},
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
+    "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
 }
 
 
