@@ -33,7 +33,7 @@ TRITON_INTERPRET = "TRITON_INTERPRET"
 EAGER_APPEND = "DFLASH_SERVE_EAGER_DRAFT_APPEND"
 """'1': the DFLASH_ADAPTIVE worker writes the draft-KV append of width-1 steps every step instead of deferring it to
 one batched pass (worker.py). The reference the deferred append is tested against (tests/integration/
-test_adaptive.py); also a switch for an operator who suspects the deferral."""
+test_adaptive_pausing.py); also a switch for an operator who suspects the deferral."""
 
 # Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
 SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"

@@ -45,10 +45,9 @@ def default_config(pair: dict[str, Path], **speculative) -> dict:
     return cfg
 
 
-@pytest.fixture(scope="session")
-def server_factory(tmp_path_factory):
+def _servers(tmp_path_factory, dirname: str):
     started: list[ManagedServer] = []
-    workdir = tmp_path_factory.mktemp("servers")
+    workdir = tmp_path_factory.mktemp(dirname)
 
     def make(config: dict, name: str, env: dict[str, str] | None = None) -> ManagedServer:
         s = ManagedServer(config, workdir, name, env=env).start()
@@ -58,6 +57,19 @@ def server_factory(tmp_path_factory):
     yield make
     for s in started:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory):
+    """Servers that live until the session ends (the shared plain / dflash / adaptive servers)."""
+    yield from _servers(tmp_path_factory, "servers")
+
+
+@pytest.fixture(scope="module")
+def module_server_factory(tmp_path_factory):
+    """Servers stopped when the test module ends: a server costs ~2.5 GB, and CI runs out of memory (the kernel
+    kills a scheduler) if every module's servers live to the end of the session."""
+    yield from _servers(tmp_path_factory, "module-servers")
 
 
 @pytest.fixture(scope="session")

@@ -41,53 +41,16 @@ def delta(after: dict, before: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def scheduled_server(server_factory, tiny_pair):
+def scheduled_server(module_server_factory, tiny_pair):
     """Batch size n verifies at width WIDTHS[n - 1]: one server covers every fixed width."""
     schedule = {n + 1: b for n, b in enumerate(WIDTHS)}
-    return server_factory(adaptive_config(tiny_pair, mode="schedule", schedule=schedule), "adaptive-schedule")
+    return module_server_factory(adaptive_config(tiny_pair, mode="schedule", schedule=schedule), "adaptive-schedule")
 
 
 @pytest.fixture(scope="module")
-def cycling_server(server_factory, tiny_pair):
+def cycling_server(module_server_factory, tiny_pair):
     """Switches the verify width every decode step (1, 2, 4, 8, 16, 1, ...), b = 1 skipping the draft."""
-    return server_factory(adaptive_config(tiny_pair, mode="cycle"), "adaptive-cycle")
-
-
-# drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: the 20-step pause is longer than
-# the worker's DEFERRED_APPEND_STEPS, so deferred appends are flushed both mid-pause and when drafting resumes
-PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
-
-
-@pytest.fixture(scope="module")
-def pausing_servers(server_factory, tiny_pair):
-    """(deferred, eager): the same pausing cycle, width-1 draft-KV appends deferred (the product) or written every
-    step (the reference, names.EAGER_APPEND). The cycle position is the server's step count: every test sends both
-    the same requests in the same order, so they stay in step."""
-    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 16], cycle_pattern=PAUSES)
-    return (server_factory(cfg, "adaptive-pausing"),
-            server_factory(cfg, "adaptive-pausing-eager", env={"DFLASH_SERVE_EAGER_DRAFT_APPEND": "1"}))
-
-
-def test_greedy_equals_plain_across_speculation_off_on_transitions(pausing_servers, plain_greedy, prompt_ids):
-    for server in pausing_servers:
-        single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
-        assert [r["output_ids"] for r in single] == plain_greedy, server.log_path.name
-        batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
-        assert [r["output_ids"] for r in batched] == plain_greedy, server.log_path.name
-
-
-def test_acceptance_after_resuming_equals_acceptance_never_paused(pausing_servers, prompt_ids):
-    """Deferred appends leave the draft KV exactly as per-step appends do: every request accepts the same drafts
-    at the same steps on both servers (same greedy outputs, same deterministic width sequence)."""
-    deferred, eager = pausing_servers
-    seen = []
-    for server in (deferred, eager):
-        out = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
-        out.append(server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0))  # a batch too
-        seen.append([(r["output_ids"], r["meta_info"]["spec_verify_ct"], r["meta_info"]["spec_num_correct_drafts"])
-                     for r in (out[:-1] + out[-1])])
-    assert seen[0] == seen[1]
-    assert sum(c for _, _, c in seen[0]) > len(seen[0]) * 4, "few drafts accepted: resumption barely exercised"
+    return module_server_factory(adaptive_config(tiny_pair, mode="cycle"), "adaptive-cycle")
 
 
 def test_greedy_equals_plain_at_every_fixed_width(scheduled_server, plain_greedy, prompt_ids):
@@ -138,15 +101,16 @@ def test_counters_agree_with_sglang_per_request_accounting(cycling_server, promp
     assert set(p) == {str(j) for j in range(1, 16)} and all(0.0 <= v <= 1.0 for v in p.values())
 
 
-def test_controller_moves_width_with_load(server_factory, tiny_pair, prompt_ids, tmp_path):
+def test_controller_moves_width_with_load(module_server_factory, tiny_pair, prompt_ids, tmp_path, request):
     """Cost profile: at batch 1 every width costs the same (wide wins); from batch 5 on cost grows with the width
     (b = 1 wins). Online learning off so the landscape is the profile's."""
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({
         "batch_buckets": [1, 4, 64], "block_sizes": list(WIDTHS),
         "seconds": [[0.01] * 5, [0.01, 0.012, 0.015, 0.02, 0.03], [0.01, 0.03, 0.06, 0.12, 0.24]]}))
-    server = server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
-                            "adaptive-load")
+    server = module_server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
+                                   "adaptive-load")
+    request.addfinalizer(server.stop)  # this test's alone: free its memory now
 
     def steps():
         return by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
@@ -165,18 +129,19 @@ def test_controller_moves_width_with_load(server_factory, tiny_pair, prompt_ids,
     assert sum(scrape(server, "dflash_block_size_switches_total").values()) >= 1
 
 
-def test_speculation_turns_off_when_acceptance_collapses_and_back_on_when_it_returns(server_factory, tiny_pair,
-                                                                                        prompt_ids, tmp_path):
+def test_speculation_turns_off_when_acceptance_collapses_and_back_on_when_it_returns(
+        module_server_factory, tiny_pair, prompt_ids, tmp_path, request):
     """One server, the workload switching under it: code greedy (the drafter's home ground), then prose sampled at
     temperature 1 (the code drafter guesses little), then code again. Learning off so the cost landscape is known:
-    speculation pays only when acceptance is high. Each phase is a few requests; the controller must follow within them, probes included.
-    The cost profile is benchmarks/step_profile.py's measurement at 1 request: any drafted width costs ~1.7-2x a
+    speculation pays only when acceptance is high. Each phase is a few requests; the controller must follow within
+    them, probes included. The cost profile is benchmarks/step_profile.py's measurement at 1 request: any drafted width costs ~1.7-2x a
     width-1 step (the draft runs over the full block), so only a drafter that lands ~2 tokens a step pays."""
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"batch_buckets": [1, 64], "block_sizes": list(WIDTHS),
                                    "seconds": [[0.010, 0.0170, 0.0173, 0.0180, 0.0200]] * 2}))
-    server = server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
-                            "adaptive-switching")
+    server = module_server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
+                                   "adaptive-switching")
+    request.addfinalizer(server.stop)  # this test's alone: free its memory now
     prose = [json.loads(line)["messages"][-1]["content"]
              for line in (REPO / "loadtest/prompts/prose.jsonl").read_text().splitlines()[:4]]
 

@@ -35,10 +35,10 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def width2_server(server_factory, tiny_pair):
+def width2_server(module_server_factory, tiny_pair):
     cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"],
                          adaptive={"mode": "fixed", "fixed_block": 2})
-    return server_factory(cfg, "adaptive-width2")
+    return module_server_factory(cfg, "adaptive-width2")
 
 
 def sample(server, sampling: dict, n: int = N_PER_ARM) -> list[tuple]:

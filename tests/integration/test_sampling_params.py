@@ -36,10 +36,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def cycle_server(server_factory, tiny_pair):
+def cycle_server(module_server_factory, tiny_pair):
     cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"],
                          adaptive={"mode": "cycle"})
-    return server_factory(cfg, "adaptive-cycle")
+    return module_server_factory(cfg, "adaptive-cycle")
 
 
 def generate(server, sampling: dict, prompts=PROMPTS, **extra):

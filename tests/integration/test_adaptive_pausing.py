@@ -1,0 +1,49 @@
+"""Speculation off and on again (DFLASH_ADAPTIVE at width 1, then drafting): greedy output equals plain decoding
+across every transition, and the deferred draft-KV append leaves acceptance exactly as per-step appends do.
+
+Its own module so its two servers stop when it ends (a server costs ~3 GB; CI's 24 GB holds about seven)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_adaptive import adaptive_config
+from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
+    MAX_NEW, plain_greedy, prompt_ids)
+
+pytestmark = pytest.mark.server
+
+# drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: the 20-step pause is longer than
+# the worker's DEFERRED_APPEND_STEPS, so deferred appends are flushed both mid-pause and when drafting resumes
+PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
+
+
+@pytest.fixture(scope="module")
+def pausing_servers(module_server_factory, tiny_pair):
+    """(deferred, eager): the same pausing cycle, width-1 draft-KV appends deferred (the product) or written every
+    step (the reference, names.EAGER_APPEND). The cycle position is the server's step count: every test sends both
+    the same requests in the same order, so they stay in step."""
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 16], cycle_pattern=PAUSES)
+    return (module_server_factory(cfg, "adaptive-pausing"),
+            module_server_factory(cfg, "adaptive-pausing-eager", env={"DFLASH_SERVE_EAGER_DRAFT_APPEND": "1"}))
+
+
+def test_greedy_equals_plain_across_speculation_off_on_transitions(pausing_servers, plain_greedy, prompt_ids):
+    for server in pausing_servers:
+        single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+        assert [r["output_ids"] for r in single] == plain_greedy, server.log_path.name
+        batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+        assert [r["output_ids"] for r in batched] == plain_greedy, server.log_path.name
+
+
+def test_acceptance_after_resuming_equals_acceptance_never_paused(pausing_servers, prompt_ids):
+    """Deferred appends leave the draft KV exactly as per-step appends do: every request accepts the same drafts
+    at the same steps on both servers (same greedy outputs, same deterministic width sequence)."""
+    deferred, eager = pausing_servers
+    seen = []
+    for server in (deferred, eager):
+        out = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+        out.append(server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0))  # a batch too
+        seen.append([(r["output_ids"], r["meta_info"]["spec_verify_ct"], r["meta_info"]["spec_num_correct_drafts"])
+                     for r in (out[:-1] + out[-1])])
+    assert seen[0] == seen[1]
+    assert sum(c for _, _, c in seen[0]) > len(seen[0]) * 4, "few drafts accepted: resumption barely exercised"
