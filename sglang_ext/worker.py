@@ -10,8 +10,8 @@ Each decode step:
   4. the target's hidden states of the committed tokens are appended to the draft KV cache, so the draft context
      stays current. At b = 1 without a draft ("speculation off") the step is a decode step: one KV slot, not the
      B-slot window, and the append is deferred -- the committed token's target features are kept and written in
-     one batched pass before anything can read the draft KV (the next draft, any non-decode forward) or after
-     DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
+     one batched pass before anything can read the draft KV (the next draft, any non-decode forward), before a
+     request leaves the batch (its slots may be handed on), or after DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
      acceptance after drafting resumes is what it would have been had drafting never paused.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized.
@@ -52,7 +52,7 @@ DEFERRED_APPEND_STEPS = 16
 class StepWindow:
     """The step's KV window: B slots per request past its committed prefix (upstream's block preparation)."""
 
-    block_ids: torch.Tensor  # [bs, B]: the anchor, then mask tokens (the draft's input)
+    block_ids: torch.Tensor | None  # [bs, B]: the anchor, then mask tokens (the draft's input); None at width 1
     positions: torch.Tensor  # [bs, B]
     cache_loc: torch.Tensor  # [bs, B] KV slots
     plan: object  # kv_index_translator plan: binds the draft and verify forwards to the window
@@ -92,6 +92,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
         self._deferred: list[DeferredAppend] = []
+        self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
         if os.environ.get(names.TRITON_ON_CPU) == "1":
             self._take_triton_branches_on_cpu()
@@ -221,6 +222,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                        grammar_barrier):
         """Speculation off: verify the anchor alone in the first slot of the window -- a decode step -- and defer
         the draft-KV append (see the module docstring)."""
+        if rids != self._deferred_rids:
+            # a request left: its KV slots may already be another's, and one pass must not write a slot twice
+            self._flush_deferred_append()
+            self._deferred_rids = rids
         window = self._width1_window(batch, draft_input, bs)
         cand = draft_input.bonus_tokens.view(bs, 1)
         result = self._verify(batch, draft_input, window, cand, 1, bs, on_publish, grammar_barrier,

@@ -67,7 +67,7 @@ def server_factory(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def module_server_factory(tmp_path_factory):
-    """Servers stopped when the test module ends: a server costs ~2.5 GB, and CI runs out of memory (the kernel
+    """Servers stopped when the test module ends: a server costs ~3 GB, and CI runs out of memory (the kernel
     kills a scheduler) if every module's servers live to the end of the session."""
     yield from _servers(tmp_path_factory, "module-servers")
 

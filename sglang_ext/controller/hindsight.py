@@ -17,7 +17,7 @@ Contract:
     (``accepted_len = tried = tokens seen``: everything seen matched, nothing rejected) and clears the slot.
   * Memory per slot is O(J^2) tokens: at most J blocks can be pending, because each step commits >= 1 token and a
     block is decided after J committed tokens.
-  * ``pending`` counts the undecided blocks of all slots. While it is 0 the committed stream is never read (a block
+  * While no block of any slot is undecided (``has_pending()`` False) the committed stream is never read (a block
     added later compares only tokens committed after it), so callers may skip ``append``: the skipped steps of
     speculation off (width 1 between probes) then cost nothing here.
 All work is vectorised over slots and pending blocks (no per-request Python loop).
@@ -49,7 +49,6 @@ class HindsightBuffer:
         self.pend_tok = np.zeros((0, self.P, self.J), dtype=np.int64)
         self.pend_start = np.zeros((0, self.P), dtype=np.int64)
         self.pend_valid = np.zeros((0, self.P), dtype=bool)
-        self.pending = 0
         self.resize(capacity)
 
     def resize(self, capacity: int) -> None:
@@ -71,9 +70,12 @@ class HindsightBuffer:
         self.pend_valid = grow(self.pend_valid)
         self.capacity = capacity
 
+    def has_pending(self) -> bool:
+        """Some slot has an undecided block."""
+        return bool(self.pend_valid.any())
+
     def reset(self, slots: np.ndarray) -> None:
         """Forget everything about ``slots`` (a new request took them over)."""
-        self.pending -= int(self.pend_valid[slots].sum())
         self.stream_len[slots] = 0
         self.n_blocks[slots] = 0
         self.pend_valid[slots] = False
@@ -81,7 +83,6 @@ class HindsightBuffer:
     def add_blocks(self, slots: np.ndarray, drafted: np.ndarray) -> None:
         """Register ``drafted[i]`` (J tokens after the anchor) as pending for ``slots[i]``."""
         col = self.n_blocks[slots] % self.P
-        self.pending += len(slots) - int(self.pend_valid[slots, col].sum())
         self.pend_tok[slots, col] = drafted
         self.pend_start[slots, col] = self.stream_len[slots]
         self.pend_valid[slots, col] = True
@@ -120,14 +121,12 @@ class HindsightBuffer:
             return empty.astype(np.intp), empty, empty
         length = np.where(has, mism.argmax(axis=1), self.J)
         self.pend_valid[s[done], cols[done]] = False
-        self.pending -= int(done.sum())
         acc = length[done].astype(np.int64)
         return s[done], acc, np.full(acc.shape, self.J, dtype=np.int64)
 
     def flush(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """Undecided blocks of a finishing ``slot`` as censored ``(accepted_len, tried)``; clears the slot."""
         cols = np.flatnonzero(self.pend_valid[slot])
-        self.pending -= len(cols)
         seen = np.minimum(self.stream_len[slot] - self.pend_start[slot, cols], self.J).astype(np.int64)
         self.pend_valid[slot] = False
         self.stream_len[slot] = 0

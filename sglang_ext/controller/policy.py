@@ -321,7 +321,7 @@ class BlockSizeController:
             self.hindsight.add_blocks(slots, drafted)
         elif b > 1:
             self.stats.observe(slots, acc, np.full(n, b - 1, dtype=np.int64))
-        if self.hindsight is not None and self.hindsight.pending:  # nothing undecided: the stream is never read
+        if self.hindsight is not None and self.hindsight.has_pending():  # nothing undecided: the stream is never read
             tokens = np.fromiter(chain.from_iterable(committed), dtype=np.int64, count=int(counts.sum()))
             self.hindsight.append(slots, counts, tokens)
             s, a, t = self.hindsight.resolve(slots)

@@ -7,7 +7,8 @@ dict built from a *set* of classes, and the non-overlap sampler applies them in 
 so the order changes from one server start to the next: with repetition_penalty and frequency/presence penalties
 together, plain greedy decoding of the same request returned different tokens after a restart (found through the
 server: `PROMPTS[2]` of tests/conftest.py, repetition 1.2 + frequency 0.5 + presence 0.5, 48 tokens: token 36
-differed on 2 of 6 restarts over two measurements; dividing a logit by 1.2 before or after subtracting 1.0 is not the same).
+differed on 2 of 6 restarts over two measurements; dividing a logit by 1.2 before or after subtracting 1.0 is not
+the same).
 The overlap scheduler's path already applies the accumulated additive penalties, then the scaling ones; this makes
 the non-overlap path do the same, so a request's output does not depend on the process, and DFlash's per-row
 replay (sglang_ext/verify_rows.py, the same order) equals plain decoding.

@@ -28,9 +28,9 @@ Found by the property-based run against the OpenAPI document (tests/integration/
 6. **An empty prompt kills the server.** `/generate {"text": ""}` (alone, or an empty string in a batch whose other
    prompts are prefilled apart from it; SGLang refuses `"input_ids": []` and a completions prompt `""` itself)
    reaches the target's prefill with nothing to compute the first token from: `IndexError: index is out of
-   bounds for dimension with size 0` in `LogitsProcessor._get_pruned_states`, scheduler dead (the "not reproduced" IndexError of earlier fuzz runs:
-   schemathesis sends `"text": [..., ""]`, and whether the empty one shares a prefill batch is a matter of
-   timing). Refused in the per-request hook: a prompt needs at least one token.
+   bounds for dimension with size 0` in `LogitsProcessor._get_pruned_states`, scheduler dead (the "not
+   reproduced" IndexError of earlier fuzz runs: schemathesis sends `"text": [..., ""]`, and whether the empty one
+   shares a prefill batch is a matter of timing). Refused in the per-request hook: a prompt needs at least one token.
 7. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
    patches/verify_sampling.py, which makes every other sampling parameter lossless): a custom logit processor
    (verify rows after the first would see the request state of the first), a `sampling_seed` with temperature > 0

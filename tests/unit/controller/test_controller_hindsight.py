@@ -167,8 +167,7 @@ def test_buffer_capacity_and_reset() -> None:
 @given(seed=st.integers(0, 2**16), probe_every=st.integers(1, 40))
 def test_skipping_the_stream_while_nothing_is_pending_changes_no_estimate(seed: int, probe_every: int) -> None:
     """Speculation off (width 1) with a probe every few steps: the controller skips hindsight's stream while no
-    block is undecided. Its estimates must equal a reference fed every committed token, and ``pending`` must count
-    exactly the undecided blocks."""
+    block is undecided. Its estimates must equal a reference fed every committed token."""
     rng = np.random.default_rng(seed)
     streams = [GreedyStream(rng) for _ in range(3)]
     ctrl = _controller()
@@ -185,8 +184,6 @@ def test_skipping_the_stream_while_nothing_is_pending_changes_no_estimate(seed: 
         rs, ra, _ = ref.resolve(slots)
         ref_obs += list(zip(rs.tolist(), ra.tolist()))
         ctrl.observe_step(["a", "b", "c"], 1, np.zeros(3, dtype=np.int64), drafted, committed)
-        h = ctrl.hindsight
-        assert h.pending == int(h.pend_valid.sum())
     ref_stats = _controller().stats
     for slot, acc in ref_obs:
         ref_stats.observe(np.array([slot]), np.array([acc]), np.array([J]))
