@@ -54,13 +54,14 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 
 # --no-deps: the base image already holds sglang==0.5.23 with its CUDA dependencies; our own runtime deps
-# (numpy, pydantic, pyyaml, prometheus-client) are SGLang's too. The check fails the build if SGLang is another
+# (numpy, pydantic, pyyaml, prometheus-client; sglang-router's aiohttp, fastapi, orjson, setproctitle, uvicorn)
+# are SGLang's too. The check fails the build if SGLang is another
 # version or the plugin entry point did not register.
 COPY pyproject.toml README.md /app/
 COPY sglang_ext /app/sglang_ext
 COPY service /app/service
 COPY dflash_models /app/dflash_models
-RUN python3 -m pip install --no-deps --break-system-packages /app \
+RUN python3 -m pip install --no-deps --break-system-packages /app sglang-router==0.3.2 \
     && python3 -c "import importlib.metadata as md; v = md.version('sglang'); assert v == '0.5.23', v; \
 eps = [e.value for e in md.entry_points(group='sglang.srt.plugins') if e.name == 'dflash_serve']; \
 assert eps == ['sglang_ext.plugin:register'], eps"

@@ -12,11 +12,24 @@ def _serve(a: argparse.Namespace) -> int:
     from service import launcher
 
     config = load_config(a.config)
+    if a.node_rank is not None:
+        config = launcher.with_node_rank(config, a.node_rank)
     plan = launcher.plan(config)
     if a.dry_run:
         print(plan.printable())
         return 0
     return launcher.run(plan, config)
+
+
+def _fleet(a: argparse.Namespace) -> int:
+    from service import fleet
+
+    config = load_config(a.config)
+    plan = fleet.plan(config, replicas=a.replicas, port=a.port)
+    if a.dry_run:
+        print(plan.printable())
+        return 0
+    return fleet.run(plan)
 
 
 def _check(a: argparse.Namespace) -> int:
@@ -48,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="check the config, then run `sglang serve` with the plugin")
     s.add_argument("--config", "-c", required=True, help="YAML config (see deploy/configs/)")
     s.add_argument("--dry-run", action="store_true", help="print the sglang command and exit")
+    s.add_argument("--node-rank", type=int, default=None,
+                   help="multi-node tensor parallelism: this node's rank (the config sets sglang_args.nnodes)")
     s.set_defaults(func=_serve)
+    f = sub.add_parser("fleet", help="run replicas of the config behind SGLang's router (sglang-router)")
+    f.add_argument("--config", "-c", required=True, help="YAML config; its `fleet` section (README: Scaling out)")
+    f.add_argument("--replicas", "-n", type=int, default=None, help="number of replicas (default: fleet.replicas)")
+    f.add_argument("--port", "-p", type=int, default=None, help="the router's port (default: server.port)")
+    f.add_argument("--dry-run", action="store_true", help="print the router and replica plan and exit")
+    f.set_defaults(func=_fleet)
     c = sub.add_parser("check", help="run only the preflight checks")
     c.add_argument("--config", "-c", required=True)
     c.add_argument("--skip-sglang-args", action="store_true",

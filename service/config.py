@@ -64,6 +64,10 @@ class ServerConfig(_Strict):
         "auto", description="Torch threads per server process on CPU; auto = cores - 1 (min 1), which "
                             "leaves a core for the HTTP/tokenizer processes. More threads than free cores "
                             "makes OpenMP spin and is many times slower.")
+    cpu_cores: list[int] | None = Field(
+        None, min_length=1, description="CPU cores (ids) the server runs on, and its `auto` thread count counts; "
+                                        "default: all this process may use. `dflash-serve fleet` gives each replica "
+                                        "its share.")
     max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens.")
     max_running_requests: int | None = Field(None, gt=0)
     max_request_bytes: int | None = Field(
@@ -81,10 +85,30 @@ class ServerConfig(_Strict):
             raise ValueError("must be >= 1 or 'auto'")
         return v
 
+    @field_validator("cpu_cores")
+    @classmethod
+    def _cores_exist(cls, v):
+        if v is None:
+            return v
+        usable = available_cores()
+        missing = sorted(set(v) - set(usable))
+        if missing:
+            raise ValueError(f"cores {missing} are not available to this process (available: {usable})")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a core twice")
+        return v
+
     def resolved_cpu_threads(self) -> int:
         if self.cpu_threads != "auto":
             return int(self.cpu_threads)
-        return max(1, (os.cpu_count() or 2) - 1)
+        cores = len(self.cpu_cores) if self.cpu_cores else len(available_cores())
+        # One core is left to the HTTP/tokenizer processes, unless that would leave the model none.
+        return max(1, cores - 1)
+
+
+def available_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity: a container's cpuset, taskset)."""
+    return sorted(os.sched_getaffinity(0))
 
 
 def _controller_fields() -> dict[str, Any]:
@@ -153,10 +177,45 @@ class SpeculativeConfig(_Strict):
         return self.adaptive.settings
 
 
+class RouterConfig(_Strict):
+    """fleet.router: SGLang's own router (`sglang-router`) in front of the replicas."""
+
+    policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = Field(
+        "cache_aware", description="cache_aware: a prompt goes to the replica whose prefix cache matches it best "
+                                   "(balanced by load); round_robin; power_of_two: the less loaded of two random "
+                                   "replicas; random.")
+    metrics_port: int = Field(29000, ge=1, le=65535, description="The router's Prometheus /metrics port.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other sglang-router arguments by flag name without dashes (e.g. cache_threshold: 0.3); "
+                    "validated against its parser.")
+
+
+class FleetConfig(_Strict):
+    """fleet: `dflash-serve fleet` runs `replicas` servers of this config behind the router on server.port."""
+
+    replicas: int = Field(2, ge=1, le=64, description="Servers behind the router (`--replicas` overrides).")
+    replica_base_port: int | None = Field(
+        None, ge=1, le=65535, description="Replica i listens on replica_base_port + i; default server.port + 1.")
+    gpus: list[int] | None = Field(
+        None, min_length=1, description="cuda: the GPU of each replica in order, one replica per device; "
+                                        "default 0 .. replicas-1.")
+    advertise_host: str | None = Field(
+        None, description="The host name Prometheus reaches the replicas at (the targets file); default: "
+                          "server.host, or this machine's name when that is a wildcard (0.0.0.0, ::).")
+    prometheus_targets_file: ConfigPath | None = Field(
+        None, description="Write the replicas as a Prometheus file_sd targets file here (compose mounts it into "
+                          "Prometheus, which re-reads it on change).")
+    startup_timeout_seconds: float = Field(
+        1800, gt=0, description="How long a replica may take to become healthy before the fleet gives up.")
+    router: RouterConfig = RouterConfig()
+
+
 class ServeConfig(_Strict):
     model: ModelConfig
     server: ServerConfig = ServerConfig()
     speculative: SpeculativeConfig = SpeculativeConfig()
+    fleet: FleetConfig = FleetConfig()
     sglang_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Other `sglang serve` arguments by their flag name without dashes "
@@ -180,7 +239,7 @@ def _format(err: ValidationError) -> str:
 
 def parse_config(data: Any, base: Path = Path(".")) -> ServeConfig:
     if not isinstance(data, dict):
-        raise ConfigError("(top level): expected a mapping of sections (model, server, speculative, sglang_args)")
+        raise ConfigError("(top level): expected a mapping of sections (model, server, speculative, fleet, sglang_args)")
     try:
         return ServeConfig.model_validate(data, context={"base": base})
     except ValidationError as e:

@@ -61,7 +61,7 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     return env
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int, field: str = "server.port") -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         # As uvicorn binds: a port whose last server just exited (connections in TIME_WAIT) is free to
         # reuse; without this a restart was refused for up to a minute. A listening socket still refuses.
@@ -70,7 +70,7 @@ def check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise ConfigError(f"server.port: {host}:{port} is already in use (another server running?); "
+                raise ConfigError(f"{field}: {host}:{port} is already in use (another server running?); "
                                   f"choose another port or stop that server") from None
             raise ConfigError(f"server.host: cannot bind {host}:{port}: {e.strerror}") from None
 
@@ -83,6 +83,20 @@ def resolve_api_key(config: ServeConfig) -> str | None:
     if not key:
         raise ConfigError(f"server.api_key_env: environment variable {name} is not set or empty")
     return key
+
+
+def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
+    """This node's config in SGLang's multi-node tensor parallelism (`sglang_args.nnodes` nodes, one config):
+    only the rank differs between nodes, so it comes from the command line (`serve --node-rank`)."""
+    nnodes = int(config.sglang_args.get("nnodes", 1))
+    if nnodes < 2:
+        raise ConfigError("--node-rank: needs sglang_args.nnodes >= 2 (and dist_init_addr) in the config")
+    if not 0 <= rank < nnodes:
+        raise ConfigError(f"--node-rank: {rank} is not in 0..{nnodes - 1} (sglang_args.nnodes is {nnodes})")
+    if "node_rank" in config.sglang_args:
+        raise ConfigError("sglang_args.node_rank: set it with `serve --node-rank`, not in the config shared by "
+                          "all nodes")
+    return config.model_copy(update={"sglang_args": {**config.sglang_args, "node_rank": rank}})
 
 
 def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
@@ -103,6 +117,8 @@ def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPla
 
 def run(launch: LaunchPlan, config: ServeConfig) -> int:
     check_port_free(config.server.host, config.server.port)
+    if config.server.cpu_cores:
+        os.sched_setaffinity(0, config.server.cpu_cores)  # the server's processes inherit it
     print(f"dflash-serve: starting {launch.printable()}", file=sys.stderr, flush=True)
     # Own process group: a terminal's Ctrl-C reaches us once, and we forward it once.
     child = subprocess.Popen(launch.argv, env=launch.env, start_new_session=True)

@@ -83,25 +83,32 @@ def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, 
 
 def validate_passthrough(config: ServeConfig, parser: argparse.ArgumentParser | None = None) -> None:
     """Every `sglang_args` key must be a real SGLang flag not owned by the config, and its value must parse."""
-    parser = parser or sglang_parser()
+    check_flags(config.sglang_args, parser or sglang_parser(), section="sglang_args", command="sglang serve",
+                owned={k: _CONFIG_FIELD_FOR.get(k, "speculative") for k in _OWNED}, base_argv=["--model-path", "_"])
+
+
+def check_flags(items: dict[str, Any], parser: argparse.ArgumentParser, *, section: str, command: str,
+                owned: dict[str, str], base_argv: list[str]) -> None:
+    """Pass-through flags (`section.<flag name>: value`) checked by the command's own argparse `parser`:
+    each must exist, must not be one the config owns (`owned`: flag -> the config field to use), and its
+    value must parse. Raises ConfigError naming `section.<key>`."""
     actions = {a.dest: a for a in parser._actions if a.option_strings}
-    for key, value in config.sglang_args.items():
-        field = f"sglang_args.{key}"
-        if key in _OWNED:
-            owner = _CONFIG_FIELD_FOR.get(key, "speculative")
-            raise ConfigError(f"{field}: set this through `{owner}` in the config, not sglang_args")
+    for key, value in items.items():
+        field = f"{section}.{key}"
+        if key in owned:
+            raise ConfigError(f"{field}: set this through `{owned[key]}` in the config, not {section}")
         action = actions.get(key.replace("-", "_"))
         if action is None:
             import difflib
 
             close = difflib.get_close_matches(key, list(actions), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{field}: not an `sglang serve` argument{hint}")
+            raise ConfigError(f"{field}: not an `{command}` argument{hint}")
         is_flag = action.nargs == 0
         if is_flag and not isinstance(value, bool):
             raise ConfigError(f"{field}: is an on/off flag; use true or false")
         if not is_flag:
             try:
-                parser.parse_args(["--model-path", "_"] + to_argv({action.dest: value}))
+                parser.parse_args(base_argv + to_argv({action.dest: value}))
             except (argparse.ArgumentError, SystemExit) as e:
                 raise ConfigError(f"{field}: invalid value {value!r}: {e}") from None
