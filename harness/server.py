@@ -109,3 +109,106 @@ class ManagedServer:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
             return r.read().decode()
+
+
+class ManagedFleet:
+    """`dflash-serve fleet` for `config` (a dict, as in the YAML) on free loopback ports: the router, its metrics
+    port and `replicas` replica ports; the replicas' Prometheus targets file in `workdir`."""
+
+    def __init__(self, config: dict, workdir: Path, name: str, replicas: int = 2, startup_timeout: float = 600,
+                 env: dict[str, str] | None = None, argv: list[str] | None = None):
+        """`argv`: the fleet command's arguments after the program (default: `fleet --config <file>
+        --replicas N`); `--config` is replaced by this fleet's config file."""
+        ports = _free_port_run(replicas + 2)
+        self.port, self.metrics_port, self.replica_ports = ports[0], ports[1], ports[2:]
+        fleet = {**config.get("fleet", {}), "replica_base_port": self.replica_ports[0],
+                 "prometheus_targets_file": str(workdir / f"{name}-targets.json"),
+                 "router": {**config.get("fleet", {}).get("router", {}), "metrics_port": self.metrics_port}}
+        fleet.pop("advertise_host", None)
+        config = {**config, "server": {**config.get("server", {}), "port": self.port, "host": "127.0.0.1"},
+                  "fleet": fleet}
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path = workdir / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(json.loads(json.dumps(config, default=str))))
+        self.targets_file = Path(fleet["prometheus_targets_file"])
+        self.log_path = workdir / f"{name}.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.replica_urls = [f"http://127.0.0.1:{p}" for p in self.replica_ports]
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.startup_timeout = startup_timeout
+        argv = list(argv or ["fleet", "--config", "_", "--replicas", str(replicas)])
+        argv[argv.index("--config") + 1] = str(self.config_path)
+        self.argv = [sys.executable, "-m", "service.cli", *argv]
+        self.env = env
+        key_env = config["server"].get("api_key_env")
+        self.api_key = ((env or {}).get(key_env) or os.environ.get(key_env)) if key_env else None
+        self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ManagedFleet":
+        log = self.log_path.open("w")
+        env = None if self.env is None else {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fleet exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if "dflash-serve fleet: ready:" in self.log_path.read_text(errors="replace"):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"fleet not ready after {self.startup_timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 80) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines[-n:] if "server_args=" not in line)
+
+    def fleet_lines(self) -> list[str]:
+        """The fleet's own messages (not its children's output)."""
+        return [line for line in self.log_path.read_text(errors="replace").splitlines()
+                if line.startswith("dflash-serve fleet: ")]
+
+    def workers(self) -> dict[str, bool]:
+        """The router's view: replica URL -> healthy."""
+        workers = http_json(f"{self.url}/workers", headers=self.headers, timeout=10)["workers"]
+        return {w["url"]: w["is_healthy"] for w in workers}
+
+    def stop(self, timeout: float = 120) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ManagedFleet":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port_run(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n consecutive free ports (a fleet's replicas listen on base + i), below the kernel's ephemeral range:
+    a fleet's processes bind ports for their own plumbing (ZMQ, the router's) from that range while the
+    replicas start, and could take a replica's port before the replica binds it."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        base = random.randint(10000, max(10001, low - n - 1))
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind((host, p))
+            return list(range(base, base + n))
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports below {low}")

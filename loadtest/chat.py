@@ -70,7 +70,8 @@ def _options(parser) -> None:
                              f"(default: {BUNDLED.relative_to(BUNDLED.parents[2])})")
     parser.add_argument("--max-failure-ratio", type=float, default=0.01,
                         help="exit non-zero when failed/all requests exceeds this (default 0.01)")
-    parser.add_argument("--api-key", default="", is_secret=True, help="bearer token (env LOCUST_API_KEY)")
+    parser.add_argument("--api-key", default="", is_secret=True, env_var="LOCUST_API_KEY",
+                        help="bearer token (env LOCUST_API_KEY)")
     parser.add_argument("--requests", type=int, default=0,
                         help="stop after this many chat requests, failed ones included (default 0: no limit)")
     parser.add_argument("--summary-file", default="", include_in_web_ui=False,
