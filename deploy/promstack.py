@@ -26,6 +26,7 @@ PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 RULES_DIR = DEPLOY / "prometheus" / "rules"
 DASHBOARDS_DIR = DEPLOY / "grafana" / "dashboards"
 SCRAPE_JOB = "dflash-serve"
+ROUTER_JOB = "dflash-router"
 
 
 # ------------------------------------------------------------------------------------------------ Prometheus
@@ -80,24 +81,36 @@ class PromClient:
             return False
 
 
-def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Path = RULES_DIR) -> dict:
-    """deploy/prometheus/prometheus.yml with the dflash-serve job pointed at `targets` and a faster clock."""
+def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Path = RULES_DIR,
+                 targets_file: Path | None = None, router_targets: list[str] = ()) -> dict:
+    """deploy/prometheus/prometheus.yml with a faster clock, its dflash-serve job pointed at `targets` or, as in
+    the stack, at a fleet's file_sd `targets_file`, and its router job at `router_targets` (dropped if none)."""
     cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
     cfg["global"] |= {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval}
     cfg["rule_files"] = [str(rules_dir / Path(p).name) for p in cfg["rule_files"]]
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     job = jobs[SCRAPE_JOB]
-    job["scrape_interval"] = scrape_interval
-    job["scrape_timeout"] = scrape_interval
-    job["static_configs"] = [{"targets": list(targets)}]
+    job.pop("file_sd_configs", None)
+    job.pop("static_configs", None)
+    if targets_file is not None:
+        job["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "1s"}]
+    if targets:
+        job["static_configs"] = [{"targets": list(targets)}]
     cfg["scrape_configs"] = [job]
+    if router_targets:
+        router = jobs[ROUTER_JOB]
+        router["static_configs"] = [{"targets": list(router_targets)}]
+        cfg["scrape_configs"].append(router)
+    for j in cfg["scrape_configs"]:
+        j["scrape_interval"] = j["scrape_timeout"] = scrape_interval
     return cfg
 
 
 class LocalPrometheus:
     """A real `prometheus` binary on a free loopback port, storing into `workdir`, scraping `targets`."""
 
-    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s", binary: str | None = None):
+    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s", binary: str | None = None,
+                 targets_file: Path | None = None, router_targets: list[str] = ()):
         from harness.server import free_port
 
         self.binary = binary or shutil.which("prometheus")
@@ -106,7 +119,9 @@ class LocalPrometheus:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.workdir / "prometheus.yml"
-        self.config_path.write_text(yaml.safe_dump(stack_config(targets, scrape_interval), sort_keys=False))
+        self.config_path.write_text(yaml.safe_dump(
+            stack_config(targets, scrape_interval, targets_file=targets_file, router_targets=router_targets),
+            sort_keys=False))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.workdir / "prometheus.log"

@@ -304,12 +304,14 @@ def render_all(client: promstack.PromClient, out_dir: Path, start: float, end: f
 
 
 # ------------------------------------------------------------------------------------------------ demo
-def demo(out_dir: Path, config_path: Path, load_seconds: float, phases: list[int], dpi: int) -> int:
-    """Serve `config_path` on CPU, scrape it with a local Prometheus, run a chat load in phases of rising
-    concurrency (so the adaptive block size has load changes to follow) and render."""
+def demo(out_dir: Path, config_path: Path, load_seconds: float, phases: list[int], dpi: int,
+         replicas: int = 2) -> int:
+    """Serve `config_path` on CPU as the compose stack does (a fleet of `replicas` behind the router), scrape it
+    with a local Prometheus, run a chat load in phases of rising concurrency (so the adaptive block size has load
+    changes to follow) and render."""
     import yaml
 
-    from harness.server import ManagedServer
+    from harness.server import ManagedFleet
 
     config = yaml.safe_load(config_path.read_text())
     base = config_path.resolve().parent
@@ -318,15 +320,15 @@ def demo(out_dir: Path, config_path: Path, load_seconds: float, phases: list[int
         if value and not Path(value).is_absolute():
             config[section][key] = str((base / value).resolve())
     with tempfile.TemporaryDirectory(prefix="dflash-render-") as tmp, \
-            ManagedServer(config, Path(tmp), "server") as server:
-        target = server.url.removeprefix("http://")
-        with promstack.LocalPrometheus([target], Path(tmp) / "prometheus") as prom:
-            prom.wait_for_scrapes()
+            ManagedFleet(config, Path(tmp), "fleet", replicas=replicas) as fleet:
+        with promstack.LocalPrometheus([], Path(tmp) / "prometheus", targets_file=fleet.targets_file,
+                                       router_targets=[f"127.0.0.1:{fleet.metrics_port}"]) as prom:
+            prom.wait_for_scrapes(f'count(up{{job="{promstack.SCRAPE_JOB}"}} == 1) == {replicas}')
             model = config["model"].get("served_name") or config["model"]["path"]
             start = time.time()
             for users in phases:
-                print(f"render: {load_seconds / len(phases):.0f} s of chat load on {server.url}, {users} users")
-                load = promstack.chat_load(server.url, model, load_seconds / len(phases), users)
+                print(f"render: {load_seconds / len(phases):.0f} s of chat load on {fleet.url}, {users} users")
+                load = promstack.chat_load(fleet.url, model, load_seconds / len(phases), users)
                 print(f"render: {load.requests} requests, {len(load.failures)} failures")
             time.sleep(3)
             render_all(prom.client, out_dir, start - 5, time.time(), rate_interval="10s", step=1, dpi=dpi)
@@ -340,10 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-interval", default="1m", help="what $__rate_interval stands for (default 1m)")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
                    help="select a template variable's value (repeatable; default: all values)")
-    p.add_argument("--dashboard", action="append", help="render only these (serving, dflash)")
+    p.add_argument("--dashboard", action="append", help="render only these (serving, dflash, fleet)")
     p.add_argument("--out", type=Path, default=Path("."), help="output directory (dashboard-<name>.png)")
     p.add_argument("--dpi", type=int, default=64)
-    p.add_argument("--demo", action="store_true", help="start a CPU server and a local Prometheus, load, render")
+    p.add_argument("--demo", action="store_true",
+                   help="start a CPU fleet (router + 2 replicas) and a local Prometheus, load, render")
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu-docker.yaml", help="--demo's config")
     p.add_argument("--load-seconds", type=float, default=60)
     p.add_argument("--phases", default="1,4,8", help="--demo's concurrent users per load phase (default 1,4,8)")

@@ -1,8 +1,10 @@
 """The compose stack's CPU profile without Docker: the `dflash-serve-cpu` service's command (compose's own
-resolved config + the image's ENTRYPOINT, container paths mapped to this checkout through its bind mounts) serves
-on the host; a real Prometheus on the stack's prometheus.yml and rules scrapes it every second under a short
-streaming chat load; then every dashboard panel's PromQL, with the template variables Grafana would offer, must
-return data through Prometheus' HTTP API -- no panel left empty -- and the dashboards render."""
+resolved config + the image's ENTRYPOINT, container paths mapped to this checkout through its bind mounts) -- a
+fleet of two replicas behind SGLang's router -- serves on the host; a real Prometheus on the stack's
+prometheus.yml and rules finds the replicas through the fleet's file_sd targets file, scrapes them and the router
+every second under a short streaming chat load through the router; then every dashboard panel's PromQL, with the
+template variables Grafana would offer, must return data through Prometheus' HTTP API -- no panel left empty --
+and the dashboards render."""
 from __future__ import annotations
 
 import time
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from deploy import promstack, render_dashboards
-from harness.server import ManagedServer
+from harness.server import ManagedFleet
 from tests.deploy.conftest import compose_config, dockerfile_stages, exec_form, tool
 from tests.deploy.test_static import SGLANG_METRICS, base_name
 
@@ -22,6 +24,7 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
 LOAD_SECONDS = 20
 CONCURRENCY = 4
+REPLICAS = 2  # the compose file's default (DFLASH_CPU_REPLICAS)
 
 
 def compose_cpu_command() -> tuple[list[str], Path]:
@@ -38,7 +41,7 @@ def compose_cpu_command() -> tuple[list[str], Path]:
 
 @dataclass
 class Live:
-    server: ManagedServer
+    fleet: ManagedFleet
     prom: promstack.LocalPrometheus
     load: promstack.LoadResult
     config: dict
@@ -49,39 +52,43 @@ class Live:
 def live(tmp_path_factory):
     binary = tool("prometheus")
     argv, config_path = compose_cpu_command()
-    # `dflash-serve` is the console script for service.cli:main, which ManagedServer runs as `python -m service.cli`
-    assert argv[:3] == ["dflash-serve", "serve", "--config"], argv
+    # `dflash-serve` is the console script for service.cli:main, which ManagedFleet runs as `python -m service.cli`
+    assert argv[:3] == ["dflash-serve", "fleet", "--config"], argv
     config = yaml.safe_load(config_path.read_text())
     for section, key in (("model", "path"), ("model", "tokenizer"), ("speculative", "draft_model_path")):
         value = config.get(section, {}).get(key)
         if value and not Path(value).is_absolute():
             config[section][key] = str((config_path.parent / value).resolve())
     workdir = tmp_path_factory.mktemp("live")
-    # the config as the container reads it, on a free loopback port instead of 0.0.0.0:30000
-    server = ManagedServer(config, workdir, "compose-cpu").start()
+    # the config as the container reads it, on free loopback ports instead of 0.0.0.0:30000-30002 and 29000
+    fleet = ManagedFleet(config, workdir, "compose-cpu", replicas=REPLICAS, argv=argv[1:]).start()
     try:
-        with promstack.LocalPrometheus([server.url.removeprefix("http://")], workdir / "prometheus", "1s",
-                                       binary) as prom:
-            prom.wait_for_scrapes()
-            load = promstack.chat_load(server.url, config["model"]["served_name"], LOAD_SECONDS, CONCURRENCY)
+        with promstack.LocalPrometheus([], workdir / "prometheus", "1s", binary, targets_file=fleet.targets_file,
+                                       router_targets=[f"127.0.0.1:{fleet.metrics_port}"]) as prom:
+            prom.wait_for_scrapes(f'count(up{{job="dflash-serve"}} == 1) == {REPLICAS}')
+            prom.wait_for_scrapes('up{job="dflash-router"} == 1')
+            load = promstack.chat_load(fleet.url, config["model"]["served_name"], LOAD_SECONDS, CONCURRENCY)
             time.sleep(3)  # the last scrapes and rule evaluations after the load
-            yield Live(server, prom, load, config, time.time())
+            yield Live(fleet, prom, load, config, time.time())
     finally:
-        server.stop()
+        fleet.stop()
 
 
 def test_cpu_compose_command_serves(live):
     assert not live.load.failures, live.load.failures[:5]
     assert live.load.requests >= CONCURRENCY and live.load.output_chunks > 0
-    with urllib.request.urlopen(f"{live.server.url}/v1/models", timeout=10) as r:
+    with urllib.request.urlopen(f"{live.fleet.url}/v1/models", timeout=10) as r:
         assert live.config["model"]["served_name"] in r.read().decode()
-    with urllib.request.urlopen(f"{live.server.url}/health", timeout=10) as r:
+    with urllib.request.urlopen(f"{live.fleet.url}/readiness", timeout=10) as r:  # the compose healthcheck's URL
         assert r.status == 200
 
 
 def test_prometheus_scrapes_sglang_metrics_under_their_names(live):
     c = live.prom.client
-    assert [s["value"][1] for s in c.query('up{job="dflash-serve"}')] == ["1"]
+    up = c.query('up{job="dflash-serve"}')
+    assert sorted((s["metric"]["replica"], s["value"][1]) for s in up) == [(str(i), "1") for i in range(REPLICAS)]
+    assert sorted(s["metric"]["instance"] for s in up) == sorted(u.removeprefix("http://")
+                                                                   for u in live.fleet.replica_urls)
     names = set(c.label_values("__name__"))
     missing = {m for m in SGLANG_METRICS if m not in names and f"{m}_bucket" not in names}
     assert not missing, f"SGLang does not export {sorted(missing)} (or the relabelling lost them)"
@@ -91,11 +98,15 @@ def test_prometheus_scrapes_sglang_metrics_under_their_names(live):
 def _empty_panels(live, dashboard: str) -> list[str]:
     c = live.prom.client
     dash = promstack.load_dashboards()[dashboard]
-    # what Grafana offers, narrowed to this server and model (so the filters are exercised)
+    # what Grafana offers, narrowed to the first replica (the filters are exercised) and this model
     variables = promstack.resolve_variables(dash, c)
-    instance = live.server.url.removeprefix("http://")
-    assert live.config["model"]["served_name"] in variables["model"] and instance in variables["instance"]
-    variables = {"model": [live.config["model"]["served_name"]], "instance": [instance]}
+    assert live.config["model"]["served_name"] in variables["model"]
+    chosen = {"model": [live.config["model"]["served_name"]]}
+    if "instance" in variables:
+        instance = live.fleet.replica_urls[0].removeprefix("http://")
+        assert instance in variables["instance"]
+        chosen["instance"] = [instance]
+    variables = chosen
     start = live.load.start - 2
     empty = []
     for q in promstack.panel_queries(dashboard, dash):
@@ -118,6 +129,23 @@ def test_every_dflash_panel_has_data(live):
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
+def test_every_fleet_panel_has_data(live):
+    """Per-replica and fleet totals from the replicas, health and traffic from the router."""
+    empty = _empty_panels(live, "fleet")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_router_sees_both_replicas_and_prometheus_each_ones_requests(live):
+    """(How the router splits this short, prefix-sharing load between them is its cache-aware policy's call: often
+    all on one. tests/integration/test_fleet.py checks both serve under Locust's varied prompts.)"""
+    c = live.prom.client
+    health = {s["metric"]["worker"]: s["value"][1] for s in c.query("smg_worker_health")}
+    assert health == {u: "1" for u in live.fleet.replica_urls}
+    served = {s["metric"]["replica"]: float(s["value"][1])
+              for s in c.query('sum by (replica) (sglang:num_requests_total{job="dflash-serve"})')}
+    assert set(served) == {str(i) for i in range(REPLICAS)} and sum(served.values()) >= live.load.requests, served
+
+
 def test_rules_evaluate_and_record(live):
     c = live.prom.client
     without = []
@@ -136,14 +164,14 @@ def test_dashboard_metrics_exist_on_the_server(live):
     for name, dash in promstack.load_dashboards().items():
         for q in promstack.panel_queries(name, dash):
             for metric in promstack.metric_names(q.expr):
-                if metric.startswith("sglang:"):
+                if metric.startswith(("sglang:", "smg_")):
                     assert metric in names or base_name(metric) + "_bucket" in names, (q.panel, metric)
 
 
 def test_render_dashboards(live, tmp_path):
     report = render_dashboards.render_all(live.prom.client, tmp_path, live.load.start - 2, live.end,
                                           rate_interval="5s", step=1)
-    assert set(report) == {"serving", "dflash"}
+    assert set(report) == {"serving", "dflash", "fleet"}
     for name in report:
         png = tmp_path / f"dashboard-{name}.png"
         assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

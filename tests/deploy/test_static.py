@@ -7,7 +7,7 @@ import fnmatch
 import re
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -25,6 +25,7 @@ from tests.deploy.conftest import (
     exec_form,
     tool,
 )
+from service.fleet import KILL_MARGIN_SECONDS
 from tests.deploy.fake_dflash import CONTRACT
 
 PROM = REPO / "deploy" / "prometheus"
@@ -38,12 +39,18 @@ SGLANG_METRICS = {
     "sglang:e2e_request_latency_seconds", "sglang:request_time_per_output_token_seconds",
     "sglang:queue_time_seconds",
 }
+# sglang-router 0.3's metrics the fleet dashboard and rules read (the live test checks a real router exports them)
+ROUTER_METRICS = {
+    "smg_worker_health", "smg_http_responses_total", "smg_http_requests_total", "smg_http_request_duration_seconds",
+    "smg_worker_retries_total",
+}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def base_name(name: str) -> str:
     for suffix in HISTOGRAM_SUFFIXES:
-        if name.endswith(suffix) and name.removesuffix(suffix) in CONTRACT | dict.fromkeys(SGLANG_METRICS):
+        if name.endswith(suffix) and name.removesuffix(suffix) in \
+                CONTRACT | dict.fromkeys(SGLANG_METRICS | ROUTER_METRICS):
             return name.removesuffix(suffix)
     return name
 
@@ -89,17 +96,21 @@ def test_gpu_service():
     s = services["dflash-serve"]
     assert s["build"]["target"] == "gpu" and s["ipc"] == "host"
     device = s["deploy"]["resources"]["reservations"]["devices"][0]
-    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
+    # the fleet runs one replica per GPU the container sees: the reservation and --replicas are one variable
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["count"] == 1
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["dflash-serve"]
+    assert raw["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "${DFLASH_GPUS:-1}"
+    assert raw["command"][-2:] == ["--replicas", "${DFLASH_GPUS:-1}"]
     assert s["ulimits"]["memlock"] == -1 and s["ulimits"]["stack"] == 67108864
     assert "HF_TOKEN" in s["environment"] and "DFLASH_SERVE_API_KEY" in s["environment"]
     targets = {v["target"]: v for v in s["volumes"]}
     assert targets["/root/.cache/huggingface"]["type"] == "volume"
     assert targets["/app/deploy/configs"]["read_only"] and \
         Path(targets["/app/deploy/configs"]["source"]) == CONFIGS
-    assert "/health" in " ".join(s["healthcheck"]["test"])
+    assert "/readiness" in " ".join(s["healthcheck"]["test"])  # the router: 503 until a replica is healthy
     assert s["healthcheck"]["start_period"] in ("20m0s",) and s["stop_grace_period"] == "2m0s"
     assert s["depends_on"]["model-fetch"]["condition"] == "service_completed_successfully"
-    assert s["command"][:2] == ["serve", "--config"]
+    assert s["command"][:2] == ["fleet", "--config"]
     config = CONFIGS / Path(s["command"][2]).name
     assert config.is_file() and s["command"][2] == f"/app/deploy/configs/{config.name}"
     # the fetch service reads the same config and writes where the server reads
@@ -112,8 +123,30 @@ def test_cpu_service():
     s = compose_config("cpu")["services"]["dflash-serve-cpu"]
     assert s["build"]["target"] == "cpu" and "deploy" not in s
     assert "dflash-serve" in s["networks"]["default"]["aliases"]  # what Prometheus scrapes
-    assert "/health" in " ".join(s["healthcheck"]["test"]) and s["stop_grace_period"] == "1m0s"
+    assert "/readiness" in " ".join(s["healthcheck"]["test"]) and s["stop_grace_period"] == "1m30s"
+    assert s["command"][:2] == ["fleet", "--config"] and s["command"][-2:] == ["--replicas", "2"]
     assert (CONFIGS / Path(s["command"][2]).name).is_file()
+
+
+@pytest.mark.parametrize("profile,service", [((), "dflash-serve"), (("cpu",), "dflash-serve-cpu")])
+def test_prometheus_finds_the_fleet(profile, service):
+    """The fleet writes its replicas to a file on a volume Prometheus reads (file_sd), under the host name
+    Prometheus reaches the server by; the router's metrics port is the one Prometheus scrapes."""
+    services = compose_config(*profile)["services"]
+    s = services[service]
+    config = load_config(CONFIGS / Path(s["command"][2]).name)
+    targets_file = config.fleet.prometheus_targets_file
+    server_mount = next(v for v in s["volumes"] if v["type"] == "volume" and
+                        targets_file.is_relative_to(v["target"]))
+    prom_mount = next(v for v in services["prometheus"]["volumes"] if v["source"] == server_mount["source"])
+    assert prom_mount["read_only"] and server_mount.get("read_only") is not True
+    jobs = {j["job_name"]: j for j in yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"]}
+    pattern = jobs["dflash-serve"]["file_sd_configs"][0]["files"][0]
+    seen_as = PurePosixPath(prom_mount["target"]) / targets_file.relative_to(server_mount["target"])
+    assert fnmatch.fnmatch(str(seen_as), pattern), (seen_as, pattern)
+    assert config.fleet.advertise_host in s["networks"]["default"]["aliases"]
+    assert jobs["dflash-router"]["static_configs"][0]["targets"] == [
+        f"{config.fleet.advertise_host}:{config.fleet.router.metrics_port}"]
 
 
 @pytest.mark.parametrize("profile,service", [((), "dflash-serve"), (("cpu",), "dflash-serve-cpu")])
@@ -123,8 +156,9 @@ def test_the_launcher_drains_within_compose_stop_grace_period(profile, service):
     s = compose_config(*profile)["services"][service]
     m = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", s["stop_grace_period"])
     stop_grace = 60 * int(m.group(1) or 0) + int(m.group(2) or 0)
-    grace = load_config(CONFIGS / Path(s["command"][-1]).name).server.shutdown_grace_seconds
-    assert grace + 10 <= stop_grace, (service, grace, stop_grace)
+    grace = load_config(CONFIGS / Path(s["command"][2]).name).server.shutdown_grace_seconds
+    # the fleet kills what still runs KILL_MARGIN_SECONDS after the replicas' own drain deadline
+    assert grace + KILL_MARGIN_SECONDS + 5 <= stop_grace, (service, grace, stop_grace)
 
 
 def test_ports_are_published_on_loopback_by_default():
@@ -148,8 +182,7 @@ def test_prometheus_and_grafana_services_mount_the_provisioning():
     assert provider["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
     ds = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert ds["datasources"][0]["url"] == "http://prometheus:9090" and ds["datasources"][0]["uid"] == "prometheus"
-    scrape = yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"][0]
-    assert scrape["static_configs"][0]["targets"] == ["dflash-serve:30000"]
+
 
 
 # ------------------------------------------------------------------------------------------------ Dockerfile
@@ -221,6 +254,7 @@ def test_cpu_docker_config_is_the_embedded_default_in_a_container():
     docker = yaml.safe_load((CONFIGS / "cpu-docker.yaml").read_text())
     default["server"]["host"] = "0.0.0.0"
     default["speculative"]["algorithm"] = "dflash_adaptive"
+    docker.pop("fleet")  # where the compose fleet publishes its replicas (test_prometheus_finds_the_fleet)
     assert docker == default
 
 
@@ -230,6 +264,7 @@ def test_gpu_docker_config_is_the_gpu_example_with_hub_paths():
     docker = yaml.safe_load((CONFIGS / "gpu-qwen3-8b-docker.yaml").read_text())
     example["model"]["path"] = "/models/Qwen/Qwen3-8B"
     example["speculative"]["draft_model_path"] = "/models/z-lab/Qwen3-8B-DFlash-b16"
+    docker.pop("fleet")  # where the compose fleet publishes its replicas (test_prometheus_finds_the_fleet)
     assert docker == example
 
 
@@ -293,7 +328,7 @@ def test_rules_cover_the_issue():
     for name in ("dflash:acceptance_length:mean_rate1m", "dflash:acceptance_by_position:ratio_rate5m",
                  "dflash:goodput_tokens_per_second:rate1m", "dflash:block_size_share:ratio_rate5m",
                  "DFlashSlowerThanPredicted", "DFlashBlockSizeFlapping", "DFlashQueueGrowing", "DFlashServerDown",
-                 "DFlashControllerErrors"):
+                 "DFlashControllerErrors", "DFlashRouterDown", "DFlashNoHealthyReplica", "DFlashReplicaUnhealthy"):
         assert name in rules, name
     for name, rule in rules.items():
         if "alert" in rule:
@@ -304,13 +339,14 @@ def test_rules_cover_the_issue():
 DASHBOARDS = promstack.load_dashboards()
 
 
-def test_two_dashboards_with_model_and_instance_variables():
-    assert set(DASHBOARDS) == {"serving", "dflash"}
-    assert len({d["uid"] for d in DASHBOARDS.values()}) == 2
+def test_three_dashboards_with_model_and_instance_variables():
+    assert set(DASHBOARDS) == {"serving", "dflash", "fleet"}
+    assert len({d["uid"] for d in DASHBOARDS.values()}) == 3
     for name, d in DASHBOARDS.items():
         variables = {v["name"]: v for v in d["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-        for var, label in (("model", "model_name"), ("instance", "instance")):
+        # the fleet dashboard compares replicas, so it has no instance filter
+        for var, label in (("model", "model_name"),) + ((("instance", "instance"),) if name != "fleet" else ()):
             v = variables[var]
             assert v["type"] == "query" and v["includeAll"] and v["multi"] and v["allValue"] == ".*", (name, var)
             assert promstack.variable_query(v).replace(" ", "").endswith(f",{label})"), (name, var)
@@ -332,8 +368,12 @@ def test_panels_are_well_formed():
             assert refs and len(refs) == len(set(refs)), where
             for t in p["targets"]:
                 assert t["datasource"]["uid"] == "${datasource}" and t["expr"].strip(), where
-                assert 'model_name=~"$model"' in t["expr"] or p["title"] == "Server up", where
-                assert 'instance=~"$instance"' in t["expr"], where
+                metrics = promstack.metric_names(t["expr"])
+                # the router's metrics and `up` have no model label
+                if not all(m.startswith("smg_") or m == "up" for m in metrics):
+                    assert 'model_name=~"$model"' in t["expr"], where
+                if name != "fleet":
+                    assert 'instance=~"$instance"' in t["expr"], where
 
 
 def test_dashboard_issue_panels_exist():
@@ -346,7 +386,7 @@ def test_dashboard_issue_panels_exist():
 
 
 def test_queries_only_read_known_metrics():
-    known = set(CONTRACT) | SGLANG_METRICS | recorded_names() | {"up"}
+    known = set(CONTRACT) | SGLANG_METRICS | ROUTER_METRICS | recorded_names() | {"up"}
     exprs = [q.expr for name, d in DASHBOARDS.items() for q in promstack.panel_queries(name, d)]
     exprs += [r["expr"] for f in (PROM / "rules").glob("*.yml") for g in yaml.safe_load(f.read_text())["groups"]
               for r in g["rules"]]
