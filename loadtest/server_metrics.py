@@ -31,6 +31,19 @@ def scrape(url: str, headers: dict[str, str] | None = None, timeout: float = 30)
         return None
 
 
+def scrape_all(urls: list[str], headers: dict[str, str] | None = None, timeout: float = 30) -> Snapshot | None:
+    """The metrics of several servers (a fleet's replicas) as one snapshot: every sample of each, so totals are
+    the fleet's. None when none of them answers."""
+    snaps = [s for s in (scrape(u, headers, timeout) for u in urls) if s is not None]
+    if not snaps:
+        return None
+    out: Snapshot = {}
+    for snap in snaps:
+        for name, samples in snap.items():
+            out.setdefault(name, []).extend(samples)
+    return out
+
+
 def total(snap: Snapshot | None, name: str) -> float | None:
     """Sum of a sample over all its label sets (SGLang labels by rank, streaming, ...); None if absent."""
     if not snap or name not in snap:

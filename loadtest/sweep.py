@@ -6,8 +6,9 @@
     python -m loadtest.sweep --dataset my.jsonl --temperature 0.7       # one ad-hoc workload, named `custom`
     python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
 
-Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) unless `--url NAME=URL` gives a
-running server; then per workload (prompts + temperature, `workloads:` in the configurations file) and user
+Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) -- or, for a configuration with a
+`fleet:` section, `dflash-serve fleet` (harness.server.ManagedFleet: the router in front, the replicas' metrics
+summed) -- unless `--url NAME=URL` gives a running server; then per workload (prompts + temperature, `workloads:` in the configurations file) and user
 count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py --headless` as a subprocess (Locust's
 gevent patching breaks SGLang, so never in this process), wait until the server is idle, scrape again. Each
 workload's results go to OUT/<workload>/ and are rewritten after every point, so an interrupted sweep keeps its
@@ -181,25 +182,28 @@ def warm_up(url: str, n: int, messages: list[dict], timeout: float = 600) -> Non
             raise SweepError(f"warm-up request to {url} returned no choices: {str(r)[:200]}")
 
 
-def wait_idle(url: str, timeout: float = 300) -> bool:
+def wait_idle(metrics_urls: list[str], timeout: float = 300) -> bool:
     """Wait until the server runs and queues nothing: Locust abandons in-flight requests at the end of a point,
     and the server finishes them, which would slow the next point down."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server_metrics.is_idle(server_metrics.scrape(url, _headers())):
+        if server_metrics.is_idle(server_metrics.scrape_all(metrics_urls, _headers())):
             return True
         time.sleep(1)
     return False
 
 
-def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, workload: Workload) -> dict:
-    """Warm up, run Locust headless at `users`, and return the point's record."""
+def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, workload: Workload,
+              metrics_urls: list[str] | None = None) -> dict:
+    """Warm up, run Locust headless at `users`, and return the point's record. `metrics_urls`: where the
+    server's /metrics are (a fleet's replicas; default `url`)."""
+    metrics_urls = metrics_urls or [url]
     raw_dir.mkdir(parents=True, exist_ok=True)
     stem = raw_dir / f"u{users}"
     summary_path = Path(f"{stem}_summary.json")
     summary_path.unlink(missing_ok=True)
     warm_up(url, args.warmup, load_prompts(workload.dataset)[0])
-    before = server_metrics.scrape(url, _headers())
+    before = server_metrics.scrape_all(metrics_urls, _headers())
     cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
            "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
            "--summary-file", str(summary_path), "--max-tokens", str(args.max_tokens),
@@ -220,8 +224,8 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
         except subprocess.TimeoutExpired:
             rc = None
     wall = time.monotonic() - started
-    idle = wait_idle(url)
-    after = server_metrics.scrape(url, _headers())
+    idle = wait_idle(metrics_urls)
+    after = server_metrics.scrape_all(metrics_urls, _headers())
     point = {"users": users, "locust_exit_code": rc, "wall_s": wall, "idle_after": idle,
              "files": {"csv_prefix": str(stem), "summary": str(summary_path), "log": f"{stem}_locust.log"}}
     if summary_path.is_file():
@@ -303,25 +307,32 @@ def sweep(args: argparse.Namespace) -> int:
     for ci, name in enumerate(names, 1):
         head = f"config {ci}/{len(names)} {name}"
         server = None
+        metrics_urls = None
         try:
             if name in urls:
                 url = urls[name]
                 log(f"{head}: using {url}")
             else:
-                from harness.server import ManagedServer
+                from harness.server import ManagedFleet, ManagedServer
 
-                server = ManagedServer(configs[name], out / "servers", name)
-                log(f"{head}: starting server (log {server.log_path})")
+                if "fleet" in overrides[name]:
+                    n = configs[name]["fleet"]["replicas"]
+                    server = ManagedFleet(configs[name], out / "servers", name, replicas=n)
+                    log(f"{head}: starting a fleet of {n} (log {server.log_path})")
+                else:
+                    server = ManagedServer(configs[name], out / "servers", name)
+                    log(f"{head}: starting server (log {server.log_path})")
                 t0 = time.monotonic()
                 server.start()
                 url = server.url
+                metrics_urls = getattr(server, "replica_urls", None)
                 log(f"{head}: ready at {url} in {time.monotonic() - t0:.0f}s")
             for wl, w in workloads.items():
                 for ui, users in enumerate(args.users, 1):
                     where = f"{head}, {wl}, users {users} ({ui}/{len(args.users)})"
                     log(f"{where} ...")
                     point = {"config": name, "workload": wl,
-                             **run_point(url, users, args, out / wl / "raw" / name, w)}
+                             **run_point(url, users, args, out / wl / "raw" / name, w, metrics_urls)}
                     points[wl].append(point)
                     done += 1
                     failed += not point["ok"]

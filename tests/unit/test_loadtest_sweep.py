@@ -169,3 +169,26 @@ def test_report_table_speedup_csv_and_plots(tmp_path):
     assert len(rows) == 5 and float(rows[2]["speedup"]) == pytest.approx(3.0)
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["baseline"] == "no-spec"
     assert main(["--report-only", "--out", str(tmp_path)]) == 0          # regenerate from results.json
+
+
+def test_fleet_configurations_run_as_fleets():
+    """loadtest/fleet.yaml: the configurations with a `fleet:` section are the ones the sweep starts as fleets."""
+    baseline, _, configs, overrides, workloads = load_configs(DEFAULT_CONFIGS.parent / "fleet.yaml")
+    assert baseline == "one-server" and list(workloads) == ["code"]
+    fleets = {name: configs[name]["fleet"]["replicas"] for name in configs if "fleet" in overrides[name]}
+    assert fleets == {"router-1": 1, "fleet-2": 2}
+    # the same server everywhere: only the fleet differs
+    assert len({json.dumps(c["speculative"], sort_keys=True) for c in configs.values()}) == 1
+
+
+def test_a_fleets_metrics_are_its_replicas_summed(monkeypatch):
+    """The sweep scrapes each replica of a fleet: totals (and idleness) are the fleet's; a replica that does not
+    answer is left out, and a fleet where none answers has no metrics."""
+    texts = {"a": "sglang:num_requests_total 3\nsglang:num_running_reqs 0\n",
+             "b": "sglang:num_requests_total 4\nsglang:num_running_reqs 2\n"}
+    monkeypatch.setattr(server_metrics, "scrape",
+                        lambda url, headers=None, timeout=30: server_metrics.parse(texts[url]) if url in texts else None)
+    both = server_metrics.scrape_all(["a", "b"])
+    assert server_metrics.total(both, "sglang:num_requests_total") == 7
+    assert not server_metrics.is_idle(both) and server_metrics.is_idle(server_metrics.scrape_all(["a", "gone"]))
+    assert server_metrics.scrape_all(["gone"]) is None
