@@ -27,6 +27,20 @@ def http_json(url: str, body: dict | None = None, headers: dict | None = None, t
         return json.load(r)
 
 
+def terminate(proc: subprocess.Popen | None, timeout: float) -> int | None:
+    """SIGTERM (the launcher then drains), SIGKILL after `timeout`; the exit status, None if never started."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class ManagedServer:
     """`dflash-serve serve` for `config` (a dict, as in the YAML) on a free loopback port."""
 
@@ -87,16 +101,7 @@ class ManagedServer:
         return "\n".join(line for line in lines[-n:] if "server_args=" not in line)
 
     def stop(self, timeout: float = 60) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
 
     def generate(self, input_ids, **sampling):
         body = {"input_ids": input_ids, "sampling_params": {"ignore_eos": True, **sampling}}
@@ -174,16 +179,7 @@ class ManagedFleet:
         return {w["url"]: w["is_healthy"] for w in workers}
 
     def stop(self, timeout: float = 120) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
 
     def __enter__(self) -> "ManagedFleet":
         return self.start()

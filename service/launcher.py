@@ -143,9 +143,17 @@ def supervise(child: subprocess.Popen, grace_seconds: float) -> int:
         signal.signal(sig, forward)
     while True:
         try:
-            return child.wait(timeout=0.5)
+            status = child.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
+        else:
+            # SGLang's own processes outlive its main one when a stop signal lands mid-start (measured: a
+            # detokenizer and a server process left running); the group is the server's, so none may remain.
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return status
         if deadline and time.monotonic() > deadline[0]:
             print(f"dflash-serve: server still draining {grace_seconds:g}s after the stop signal "
                   f"(server.shutdown_grace_seconds); killing it", file=sys.stderr, flush=True)

@@ -81,6 +81,7 @@ def server_pid(fleet: ManagedFleet, index: int) -> int:
 
 
 def status(url: str, key: str | None, body: dict | None = None) -> int:
+    """The HTTP status of one request (0: nothing listens)."""
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
     data = None if body is None else json.dumps(body).encode()
     try:
@@ -88,6 +89,8 @@ def status(url: str, key: str | None, body: dict | None = None) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+    except (urllib.error.URLError, ConnectionError):
+        return 0
 
 
 def test_the_api_key_guards_the_router_and_every_replica(fleet):
@@ -124,8 +127,12 @@ def test_a_killed_replica_costs_only_its_in_flight_requests_and_rejoins(fleet, t
     # At most the requests replica-0 was running when it died (each of the USERS users runs one at a time);
     # the ones sent afterwards go to replica-1 (the router's retries and circuit breaker).
     assert requests > 2 * USERS and failures <= USERS, (requests, failures, out[-3000:])
-    # The fleet restarts it, the router's health checks put it back in rotation, and it serves again.
+    # The fleet restarts it, the router's health checks put it back in rotation, and it serves again. (The
+    # router's view lags: it may still list the dead replica healthy until its checks fail, so wait for the
+    # restarted server itself first.)
     deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and status(f"{fleet.replica_urls[0]}/health", None) != 200:
+        time.sleep(2)
     while time.monotonic() < deadline and not fleet.workers().get(fleet.replica_urls[0]):
         time.sleep(2)
     assert fleet.workers() == {u: True for u in fleet.replica_urls}, fleet.fleet_lines()
