@@ -2,8 +2,9 @@
 
 The launcher stays in the foreground as the server's parent: it forwards SIGTERM/SIGINT to
 the server (which finishes in-flight requests and refuses new ones with 503), kills the server's
-process group if it is still draining after `server.shutdown_grace_seconds`, and exits with the
-server's status (137 after such a kill).
+process group if it is still draining after `server.shutdown_grace_seconds` (and whatever remains of
+that group once the server's main process has exited), and exits with the server's status (137 after
+such a kill).
 """
 from __future__ import annotations
 
