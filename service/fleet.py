@@ -271,9 +271,9 @@ class Fleet:
             argv = [sys.executable, "-m", "service.cli", "serve", "--config", str(path)]
             self.replicas.append(Child(r.name, argv, {**os.environ, **r.env}, f"{fp.url(r.port)}/health"))
         # The router gets the replicas' API key in their variable (service/router_entry.py).
-        key_env = launcher.plan(fp.replicas[0].config, validate_sglang_args=False).env
-        self.api_key = key_env.get(names.API_KEY)
-        self.router = Child("router", fp.router_argv, key_env)
+        self.api_key = launcher.resolve_api_key(fp.config)
+        router_env = {**os.environ} | ({names.API_KEY: self.api_key} if self.api_key else {})
+        self.router = Child("router", fp.router_argv, router_env)
         self.children = [*self.replicas, self.router]
 
     # -- signals
