@@ -126,13 +126,13 @@ def scheduler_pid(server: ManagedServer) -> int:
 
 
 def profile(server: ManagedServer, ids, new_tokens: int, seconds: float, rate: int,
-            keep: Path | None = None) -> Counter:
+            keep: Path | None = None, temperature: float = 0.0) -> Counter:
     """py-spy samples of the scheduler while `ids` loop through the server (raw stacks copied to `keep`)."""
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
-            timed(server, ids, new_tokens)
+            timed(server, ids, new_tokens, temperature)
 
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", type=int, nargs="+", default=[1, 16])
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (0: greedy; 1: the sampled accept and sampler)")
     p.add_argument("--repeats", type=int, default=5, help="step-time measurements per point, taken in turns")
     p.add_argument("--seconds", type=float, default=10, help="py-spy recording per point")
     p.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
@@ -204,14 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {name: [] for name in servers}
             for _ in range(a.repeats):
                 for name, server in servers.items():
-                    runs[name].append(measure(server, ids, a.new_tokens, 1, is_speculative(name)))
+                    runs[name].append(measure(server, ids, a.new_tokens, 1, is_speculative(name), a.temperature))
             for name, server in servers.items():
                 r = {"step_ms": statistics.median(x["step_ms"] for x in runs[name]),
                      "step_ms_all": [x["step_ms"] for x in runs[name]]}
                 if is_speculative(name):
                     r["accept_length"] = statistics.mean(x["accept_length"] for x in runs[name])
                 samples = profile(server, ids, a.new_tokens, a.seconds, a.rate,
-                                  a.raw_dir / f"{name}_u{n}.txt" if a.raw_dir else None)
+                                  a.raw_dir / f"{name}_u{n}.txt" if a.raw_dir else None, a.temperature)
                 busy = sum(samples.values()) or 1
                 r["samples"] = dict(samples)
                 r["phase_ms"] = {ph: r["step_ms"] * samples.get(ph, 0) / busy for ph in PHASE_NAMES}
@@ -220,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in a.loads:
         print(table(n, results[str(n)]) + "\n")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"context": a.context, "new_tokens": a.new_tokens, "repeats": a.repeats,
+    a.out.write_text(json.dumps({"context": a.context, "new_tokens": a.new_tokens, "temperature": a.temperature,
+                                 "repeats": a.repeats,
                                  "seconds": a.seconds, "rate": a.rate, "phases": PHASE_NAMES,
                                  "loads": results}, indent=2) + "\n")
     print(f"wrote {a.out}", file=sys.stderr)

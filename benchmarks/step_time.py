@@ -44,17 +44,18 @@ def prompts(vocab: int, context: int, n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(16, vocab) for _ in range(context)] for _ in range(n)]
 
 
-def timed(server: ManagedServer, ids, new_tokens: int) -> tuple[float, list[dict]]:
+def timed(server: ManagedServer, ids, new_tokens: int, temperature: float = 0.0) -> tuple[float, list[dict]]:
     t = time.perf_counter()
-    out = server.generate(ids, max_new_tokens=new_tokens, temperature=0)
+    out = server.generate(ids, max_new_tokens=new_tokens, temperature=temperature)
     return time.perf_counter() - t, out
 
 
-def measure(server: ManagedServer, ids, new_tokens: int, repeats: int, speculative: bool) -> dict:
+def measure(server: ManagedServer, ids, new_tokens: int, repeats: int, speculative: bool,
+            temperature: float = 0.0) -> dict:
     steps_ms, accept = [], []
     for _ in range(repeats):
-        t1, _ = timed(server, ids, 1)
-        tn, out = timed(server, ids, new_tokens)
+        t1, _ = timed(server, ids, 1, temperature)
+        tn, out = timed(server, ids, new_tokens, temperature)
         steps = max(o["meta_info"].get("spec_verify_ct", 0) for o in out) if speculative else new_tokens - 1
         steps_ms.append(1000 * (tn - t1) / steps)
         if speculative:

@@ -12,6 +12,8 @@ Contract:
   * ``apply_row_penalties(logits3d, cand, orchestrator)``: in place on ``[bs, b, V]`` logits, bit for bit what
     plain decoding computes (``SamplingBatchInfo.apply_logits_bias``'s accumulated additive penalties in the
     orchestrator's order, then the scaling ones), with the orchestrator's state = tokens committed before the anchor;
+  * ``apply_accept_adjustments(logits3d, cand, sampling_info, orchestrator)``: the row penalties, then logit_bias
+    -- everything plain decoding applies to a row's logits before its sampler;
   * ``cumulate_rounds(orchestrator, tokens, mask)``: feed committed tokens to the penalizers, one token per request
     per round (masked rows skip the round), exactly as plain decoding's one-token-per-step cumulation would;
   * ``target_probs_torch(...)``: the distribution SGLang's pytorch sampler (the CPU backend) samples from --
@@ -96,6 +98,13 @@ def apply_row_penalties(logits3d: torch.Tensor, cand: torch.Tensor, orchestrator
     if scaling is not None:
         scaling = scaling.to(logits3d.dtype)
         logits3d.copy_(torch.where(logits3d < 0, logits3d * scaling, logits3d / scaling))
+
+
+def apply_accept_adjustments(logits3d: torch.Tensor, cand: torch.Tensor, sampling_info, orchestrator) -> None:
+    """In place on ``[bs, b, V]`` logits: row-j penalties, then logit_bias (plain decoding's order)."""
+    apply_row_penalties(logits3d, cand, orchestrator)
+    if sampling_info.logit_bias is not None:
+        logits3d.add_(sampling_info.logit_bias[:, None, :].to(logits3d.dtype))
 
 
 def cumulate_rounds(orchestrator, tokens: torch.Tensor, mask: torch.Tensor) -> None:

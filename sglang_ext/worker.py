@@ -33,13 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
+import sglang.srt.speculative.dflash_utils as dflash_utils
 import sglang.srt.speculative.dflash_worker_v2 as upstream
+from sglang.srt.layers.sampler import sampling_from_probs_torch
 from sglang.srt.runtime_context import get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from sglang_ext import names
+from sglang_ext import names, verify_rows
 from sglang_ext.controller.policy import Decision
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
+from sglang_ext.patches.verify_sampling import ORCHESTRATOR
 from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
 
@@ -385,15 +388,19 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if grammar_mask is not None:
             grammar_mask.apply(logits_output.next_token_logits)
 
-        # upstream's accept reads self.block_size as the verify width (target_predict.view(bs, block_size)):
-        # it is b for the accept only; everywhere else it stays the trained block B
-        self.block_size = b
-        try:
-            accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_block(
-                candidates=cand, next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info,
-                draft_input=draft_input, prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)
-        finally:
-            self.block_size = self.max_block
+        if b == 1:
+            accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_width1(
+                cand, logits_output.next_token_logits, sampling_info, draft_input, bs, target_predict)
+        else:
+            # upstream's accept reads self.block_size as the verify width (target_predict.view(bs, block_size)):
+            # it is b for the accept only; everywhere else it stays the trained block B
+            self.block_size = b
+            try:
+                accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_block(
+                    candidates=cand, next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info,
+                    draft_input=draft_input, prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)
+            finally:
+                self.block_size = self.max_block
         mask_capture = upstream.SpeculativeSamplingMaskCapture.from_logits(
             sampling_info, next_token_logits=logits_output.next_token_logits, draft_input=draft_input,
             draft_token_num=b, bs=bs)
@@ -427,6 +434,34 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=b,  # the scheduler's row stride of next_token_ids
             new_seq_lens=new_seq_lens, routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output)
+
+    def _accept_width1(self, cand: torch.Tensor, logits: torch.Tensor | None, sampling_info, draft_input, bs: int,
+                       target_predict: torch.Tensor | None):
+        """The accept of a width-1 step: no draft to verify, so the step commits plain decoding's token for the
+        anchor's row -- its argmax, or a sample of the distribution plain decoding samples (SGLang's own sampling
+        function; a softmax alone when no top-k/top-p/min_p applies, as in SGLang's sampler). Upstream's chain accept
+        would reach the same distribution through a sort of the vocabulary and the chain kernel: ~1.4 ms of a
+        ~9 ms step on CPU at temperature 1. Returns upstream's (accept_len, commit_lens, bonus, out_tokens, None)."""
+        if logits is not None and sampling_info is not None:  # penalties and logit_bias, as every accept
+            verify_rows.apply_accept_adjustments(logits.view(bs, 1, -1), cand, sampling_info,
+                                                 getattr(sampling_info, ORCHESTRATOR, None))
+        if target_predict is not None or upstream._is_all_greedy(sampling_info):
+            bonus = target_predict if target_predict is not None else torch.argmax(logits, dim=-1)
+            site = upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+        else:
+            if (sampling_info.need_top_p_sampling or sampling_info.need_top_k_sampling
+                    or sampling_info.need_min_p_sampling):
+                probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
+                    next_token_logits=logits, sampling_info=sampling_info, draft_token_num=1, bs=bs,
+                    max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+            else:
+                probs = torch.softmax(logits.float() / sampling_info.temperatures, dim=-1)
+            bonus = sampling_from_probs_torch(probs.view(bs, -1))
+            site = upstream.SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+        bonus = bonus.view(bs).to(torch.int64)
+        self._tp_sync.sync(site, bonus)
+        accept_len = torch.zeros(bs, dtype=torch.int32, device=bonus.device)
+        return accept_len, accept_len + 1, bonus, bonus.view(bs, 1), None
 
     # -- feedback (host side, after SGLang's copy-done sync): the loop's ------------------------------------------
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:

@@ -148,10 +148,8 @@ def _patch_worker(w: ModuleType) -> None:
                 from sglang_ext import verify_rows
 
                 bs, width = candidates.shape
-                logits3d = next_token_logits.view(bs, width, -1)
-                verify_rows.apply_row_penalties(logits3d, candidates, getattr(sampling_info, ORCHESTRATOR, None))
-                if sampling_info.logit_bias is not None:
-                    logits3d.add_(sampling_info.logit_bias[:, None, :].to(logits3d.dtype))
+                verify_rows.apply_accept_adjustments(next_token_logits.view(bs, width, -1), candidates, sampling_info,
+                                                     getattr(sampling_info, ORCHESTRATOR, None))
             return original(self, candidates=candidates, next_token_logits=next_token_logits,
                             sampling_info=sampling_info, **kwargs)
 

@@ -11,7 +11,9 @@ mass those simulations see (0.88-1.00) is what these arms measure (0.87 penaltie
 0.98 top-k/top-p, 1.00 min_p); on a prose prompt the target is too flat (797 distinct triples in 800).
 Each arm prints its p-value and informative mass (pytest -s) and needs at least 5 %. The arm that catches wrong
 bonus rules verifies width 2 (dflash_adaptive, fixed_block 2: a full accept, then the bonus, inside the first three
-tokens); the block-16 arm (upstream dflash) covers rejections deep in a wide block.
+tokens); the block-16 arm (upstream dflash) covers rejections deep in a wide block; the width-1 arms cover the
+accept of a step with nothing to verify (its own sampling, no chain kernel) with the same statistic and sample
+size (a sharpened distribution, softmax(2 x logits), fails the temperature arm: checked by hand, p < 1e-4).
 """
 from __future__ import annotations
 
@@ -34,11 +36,20 @@ CONFIGS = {
 }
 
 
+def fixed_width_server(module_server_factory, tiny_pair, width: int):
+    cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"],
+                         adaptive={"mode": "fixed", "fixed_block": width})
+    return module_server_factory(cfg, f"adaptive-width{width}")
+
+
 @pytest.fixture(scope="module")
 def width2_server(module_server_factory, tiny_pair):
-    cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"],
-                         adaptive={"mode": "fixed", "fixed_block": 2})
-    return module_server_factory(cfg, "adaptive-width2")
+    return fixed_width_server(module_server_factory, tiny_pair, 2)
+
+
+@pytest.fixture(scope="module")
+def width1_server(module_server_factory, tiny_pair):
+    return fixed_width_server(module_server_factory, tiny_pair, 1)
 
 
 def sample(server, sampling: dict, n: int = N_PER_ARM) -> list[tuple]:
@@ -62,6 +73,14 @@ def assert_same_distribution(label: str, plain: list[tuple], spec: list[tuple]) 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_width2_samples_have_the_target_distribution(config, plain_server, width2_server):
     assert_same_distribution(config, sample(plain_server, CONFIGS[config]), sample(width2_server, CONFIGS[config]))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_width1_samples_have_the_target_distribution(config, plain_server, width1_server):
+    """Width 1 ("speculation off") samples each token itself (worker._accept_width1: a softmax without cuts, the
+    patched target distribution with them, penalties and logit_bias first), not through the chain accept."""
+    assert_same_distribution(f"width 1, {config}", sample(plain_server, CONFIGS[config]),
+                             sample(width1_server, CONFIGS[config]))
 
 
 def test_block16_samples_have_the_target_distribution(plain_server, dflash_server):
