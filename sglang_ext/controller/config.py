@@ -61,7 +61,8 @@ class ControllerConfig:
     probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
         width's predicted goodput is at least ``probe_near_ratio`` of width 1's: when acceptance returns, the probes'
         evidence then turns speculation back on within tens of steps rather than hundreds, while a workload the
-        drafter cannot guess (rival far below) keeps paying for the rare probe only. 0 disables.
+        drafter cannot guess (rival far below) keeps paying for the rare probe only. The interval doubles after
+        each such probe (up to ``probe_interval``) until the evidence moves toward drafting (policy.py). 0 disables.
     fixed_block: the block of ``fixed`` mode (must be a candidate).
     schedule: the table of ``schedule`` mode; stored as a sorted tuple of ``(batch_size, block)`` pairs.
     cycle_pattern: the widths ``cycle`` mode walks, one per step, repeating (e.g. ``[1, 1, 1, 1, 1, 16]``: drafting

@@ -126,6 +126,29 @@ def test_probe_schedule_at_b1() -> None:
     assert all(wide.decide(["a"]).draft_full for _ in range(10))  # b > 1 always drafts the full block
 
 
+def _probe_gaps(ctrl: BlockSizeController, steps: int) -> list[int]:
+    """Steps between the probes (width-1 decisions that draft) of the next ``steps`` decisions."""
+    decisions = [ctrl.decide(["a"]) for _ in range(steps)]
+    assert {d.block_size for d in decisions} == {1}
+    return np.diff([0] + [i for i, d in enumerate(decisions, 1) if d.draft_full]).tolist()
+
+
+def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_moves() -> None:
+    """A drafted width predicted at ~0.8 of width 1 (near): probes every 4 steps, then 8, 16, up to probe_interval;
+    once the evidence moves toward drafting (here the cost table: ratio 0.8 -> 0.9) every 4 again."""
+    wide = lambda t: {1: 0.010, 2: t, 4: t, 8: t, 16: t}  # noqa: E731
+    cfg = ControllerConfig(mode="adaptive", explore_margin=0.0, probe_interval=32, probe_near_interval=4)
+    ctrl = BlockSizeController(cfg, flat_cost(wide(0.025)))
+    assert _probe_gaps(ctrl, 124) == [4, 8, 16, 32, 32, 32]
+    table = flat_cost(wide(0.0222))
+    ctrl.cost_model.load({"version": 1, "batch_buckets": list(BUCKETS), "block_sizes": list(BLOCKS),
+                          "seconds": table.table.tolist()})
+    assert ctrl.decide(["a"]).block_size == 1  # nearer, not better: no switch
+    assert _probe_gaps(ctrl, 27)[:2] == [3, 8]  # 4 steps after the last probe, then doubling again
+    far = BlockSizeController(cfg, flat_cost(wide(0.05)))  # ratio 0.4: no near probes
+    assert _probe_gaps(far, 96) == [32, 32, 32]
+
+
 def test_observe_step_time_is_rank0_only_and_needs_sync() -> None:
     r1 = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), is_rank0=False)
     with pytest.raises(RuntimeError):
