@@ -68,6 +68,10 @@ def _options(parser) -> None:
     parser.add_argument("--dataset", default="",
                         help=f"JSONL prompts, OpenAI {{'messages': ...}} or ShareGPT {{'conversations': ...}} "
                              f"(default: {BUNDLED.relative_to(BUNDLED.parents[2])})")
+    parser.add_argument("--prompt-order", choices=("random", "sequence"), default="random",
+                        help="random: each request draws a prompt; sequence: the k-th request sent takes the k-th "
+                             "prompt of one fixed shuffle (seed 0), so runs against different servers send the same "
+                             "prompts in the same order (default random)")
     parser.add_argument("--max-failure-ratio", type=float, default=0.01,
                         help="exit non-zero when failed/all requests exceeds this (default 0.01)")
     parser.add_argument("--api-key", default="", is_secret=True, env_var="LOCUST_API_KEY",
@@ -96,6 +100,8 @@ def _init(environment, **_kw) -> None:
         PROMPTS[:] = load_prompts(opts.dataset or None)
     except DatasetError as e:
         _usage_error(f"--dataset {e}")
+    if opts.prompt_order == "sequence":  # a fixed shuffle: the file's order may group its categories
+        random.Random(0).shuffle(PROMPTS)
 
 
 def _usage_error(msg: str) -> None:
@@ -171,7 +177,9 @@ class ChatUser(HttpUser):
         model = self._model()
         if model is None:
             return False
-        body = {"model": model, "messages": random.choice(PROMPTS), "max_tokens": opts.max_tokens,
+        messages = (PROMPTS[_BUDGET["sent"] % len(PROMPTS)] if opts.prompt_order == "sequence"
+                    else random.choice(PROMPTS))
+        body = {"model": model, "messages": messages, "max_tokens": opts.max_tokens,
                 "temperature": opts.temperature, "stream": True, "stream_options": {"include_usage": True}}
         if opts.ignore_eos:
             body["ignore_eos"] = True

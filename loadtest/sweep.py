@@ -207,7 +207,8 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
     cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
            "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
            "--summary-file", str(summary_path), "--max-tokens", str(args.max_tokens),
-           "--temperature", str(workload.temperature), "--max-failure-ratio", str(args.max_failure_ratio)]
+           "--temperature", str(workload.temperature), "--max-failure-ratio", str(args.max_failure_ratio),
+           "--prompt-order", "sequence"]  # every configuration: the same prompts in the same order
     cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
     if workload.dataset:
         cmd += ["--dataset", str(workload.dataset)]

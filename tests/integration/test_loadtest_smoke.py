@@ -77,6 +77,35 @@ def test_requests_limit_ends_the_run(tmp_path):
     assert summary["requests"] == 3 and summary["failures"] == 3
 
 
+def _prompt_tokens(server) -> float:
+    return sum(float(line.rpartition(" ")[2]) for line in server.metrics().splitlines()
+               if line.startswith("sglang:prompt_tokens_total"))
+
+
+@pytest.mark.server
+def test_prompt_order_sequence_sends_every_prompt_in_turn(dflash_server, tmp_path):
+    """`--prompt-order sequence` (the sweep's): 3 prompts of different lengths, 6 requests from one user -> each
+    prompt exactly twice, read from the server's own prompt-token counter. A random draw gives that total with
+    probability ~0.12, so the assertion can fail."""
+    import urllib.request
+
+    prompts = ["hi", "def add(a, b):\n    return a + b\n" * 3, "Write a letter to a friend. " * 12]
+    data = tmp_path / "three.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts))
+    once = 0
+    for p in prompts:  # what each prompt costs the counter
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": p}], "max_tokens": 1}).encode()
+        req = urllib.request.Request(f"{dflash_server.url}/v1/chat/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            once += json.load(r)["usage"]["prompt_tokens"]
+    before = _prompt_tokens(dflash_server)
+    r = locust("-u", "1", "-r", "1", "--requests", "6", "--host", dflash_server.url, "--dataset", str(data),
+               "--max-tokens", "1", "--prompt-order", "sequence", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _prompt_tokens(dflash_server) - before == 2 * once
+
+
 def test_bad_dataset_line_is_a_clear_startup_error(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"conversation": []}\n')
