@@ -179,7 +179,7 @@ class ControllerLoop:
             synced = True
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                     predicted_goodput=d.predicted_goodput)
+                                     predicted_goodput=d.predicted_goodput, probe=d.block_size == 1 and d.draft_full)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

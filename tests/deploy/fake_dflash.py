@@ -26,6 +26,7 @@ CONTRACT = {
     "dflash_block_size_steps_total": ("counter", ("block_size",)),
     "dflash_block_size_switches_total": ("counter", ()),
     "dflash_controller_errors_total": ("counter", ()),
+    "dflash_probe_steps_total": ("counter", ()),
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
@@ -63,6 +64,7 @@ class FakeDFlash:
                                                       registry=self.registry)
         self.m = m
         self.block = 8
+        self.width1_steps = 0
         self.stop_event = threading.Event()
         self.server = None
         self.thread = None
@@ -74,7 +76,7 @@ class FakeDFlash:
         m = self.m
         batch = max(1, int(16 + 15 * math.sin(t / 4)))
         p = [0.92 * 0.97 ** j for j in range(15)]
-        best = 16 if batch < 6 else 8 if batch < 14 else 4 if batch < 24 else 2
+        best = 16 if batch < 6 else 8 if batch < 14 else 4 if batch < 24 else 2 if batch < 28 else 1
         if best != self.block:
             m["dflash_block_size_switches_total"].labels(**lab).inc()
             self.block = best
@@ -82,6 +84,8 @@ class FakeDFlash:
         m["dflash_block_size"].labels(**lab).set(b)
         m["dflash_controller_errors_total"].labels(**lab).inc(0)
         m["dflash_block_size_steps_total"].labels(**lab, block_size=str(b)).inc()
+        self.width1_steps += b == 1
+        m["dflash_probe_steps_total"].labels(**lab).inc(b == 1 and self.width1_steps % 4 == 0)  # a probe every 4
         step_s = 0.01 + 0.0004 * batch * b
         m["dflash_step_seconds"].labels(**lab, block_size=str(b)).observe(step_s * self.rng.uniform(0.9, 1.2))
         committed_all = 0

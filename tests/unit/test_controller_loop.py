@@ -193,3 +193,20 @@ def test_without_overlap_the_same_clock_credits_the_previous_launch():
         t += DEVICE_SECONDS[b] + HOST
     for b, seconds in DEVICE_SECONDS.items():
         assert mean_step(reg, b) == pytest.approx(seconds + HOST)
+
+
+def test_probes_are_counted_apart_from_width1_steps():
+    """dflash_probe_steps_total: the width-1 steps that drafted anyway (what speculation-off pays to keep watching)."""
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="adaptive", explore_margin=0.0, probe_interval=4, probe_near_interval=0)
+    cost = lp.controller.cost_model
+    cost.load({"version": 1, "batch_buckets": list(cost.batch_buckets), "block_sizes": list(cost.block_sizes),
+               "seconds": [[0.001] + [1.0] * (len(cost.block_sizes) - 1)] * len(cost.batch_buckets)})
+    drafted = [launch(lp, ["a"], 10.0 + i, [[7]], drafted=np.full((1, B - 1), 9) if i % 4 == 3 else None).draft_full
+               for i in range(12)]
+    for _ in range(12):  # results arrive in launch order, one per step
+        lp.complete([0], 1)
+    assert drafted == [False, False, False, True] * 3
+    labels = {"model_name": "m"}
+    assert reg.get_sample_value("dflash_probe_steps_total", labels) == 3
+    assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12
