@@ -45,6 +45,7 @@ class ChatStreamParser:
         self._content_times: list[float] = []
         self._text: list[str] = []
         self._usage: dict | None = None
+        self._stopped_at: float | None = None  # a choice's finish_reason "stop" arrived (end of text)
         self._events = 0
 
     def feed(self, line: bytes | str, now: float) -> None:
@@ -71,7 +72,11 @@ class ChatStreamParser:
         if self._done_at is None:
             raise StreamError(f"stream ended without 'data: [DONE]' after {self._events} events (truncated?)")
         if not self._content_times:
-            raise StreamError("empty output: no content in any chunk")
+            if self._stopped_at is None:
+                raise StreamError("empty output: no content in any chunk, and no finish_reason 'stop'")
+            # the model's first token was its end of text (sampling allows it): an empty answer, received when the
+            # stop arrived -- the request succeeded
+            self._content_times.append(self._stopped_at)
         if self._usage is None or not isinstance(self._usage.get("completion_tokens"), int):
             raise StreamError("no usage chunk with completion_tokens: send stream_options={'include_usage': true} "
                               "to a server that honours it")
@@ -114,3 +119,5 @@ class ChatStreamParser:
         if piece:
             self._content_times.append(now)
             self._text.append(piece)
+        if self._stopped_at is None and any(c.get("finish_reason") == "stop" for c in chunk["choices"] or []):
+            self._stopped_at = now

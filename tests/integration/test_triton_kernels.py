@@ -5,8 +5,8 @@ by CUDA checks, so a CPU server never runs them. With DFLASH_SERVE_TRITON_ON_CPU
 adaptive worker takes those branches and Triton's interpreter runs the kernels on CPU tensors, with the buffers,
 strides and views a GPU would use (docs/ARCHITECTURE.md §7).
 
-The cycle mode verifies widths 1, 2, 4, 8, 16, 1, ...: the first accept runs at width 1, then widths shrink and
-grow every step. Before the fix of the accept buffers (upstream sizes them by ``self.block_size``, which is the
+The cycle mode verifies widths 1, 2, 4, 8, 16, 1, ...: widths shrink and grow every step (a width-1 step has nothing
+to verify and samples its token itself, worker._accept_width1; every wider step takes the Triton accept). Before the fix of the accept buffers (upstream sizes them by ``self.block_size``, which is the
 verify width during the accept) the width-2 step after the first width-1 accept got a [cap, 1] buffer: the Triton
 accept raised "shape '[1, 2]' is invalid for input of size 1", upstream fell back to the eager path for good and this
 test failed on its log check; tests/unit/test_accept_buffers.py pins the allocation itself.

@@ -82,6 +82,16 @@ def test_sse_framing_crlf_comments_and_multiline_data():
     assert t.text == "hi" and t.output_tokens == 4 and t.e2e == pytest.approx(0.6)
 
 
+def test_an_immediate_end_of_text_is_an_empty_answer_not_a_failure():
+    """Sampling can pick the end-of-text token first: no content, finish_reason stop -- a valid, empty answer whose
+    first (and only) token arrived with the stop."""
+    t = feed([(0.05, chunk(role="assistant", content="")), (0.12, chunk(content="", finish="stop")),
+              (0.13, chunk(usage={"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6})),
+              (0.14, "data: [DONE]")])
+    assert t.text == "" and t.output_tokens == 1 and t.ttft == pytest.approx(0.12) and t.itl == []
+    assert t.tpot is None
+
+
 @pytest.mark.parametrize("events, message", [
     ([(0.1, chunk(content="x")), (0.1, chunk(usage=USAGE))], "without 'data: [DONE]'"),
     ([(0.1, chunk(role="assistant", content="")), (0.1, chunk(usage=USAGE)), (0.1, "data: [DONE]")],
