@@ -134,15 +134,14 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         tok = {(p["config"], p["users"]): p["output_tok_s"] for p in ok}
         lines += ["", "## Each configuration against the best of the others (output tok/s ratio)", "",
                   "| users | " + " | ".join(configs) + " |", "|---:|" + "---:|" * len(configs)]
+        ratio = {}  # (config, users) -> its tok/s over the best other configuration's at those users
         for u in users:
-            cells = []
             for c in configs:
                 rest = [tok[(o, u)] for o in configs if o != c and (o, u) in tok]
-                cells.append(_num(tok[(c, u)] / max(rest), ".2f") if (c, u) in tok and rest else "—")
-            lines.append(f"| {u} | " + " | ".join(cells) + " |")
-        worst = {c: min((tok[(c, u)] / max(tok[(o, u)] for o in configs if o != c and (o, u) in tok)
-                         for u in users if (c, u) in tok and any((o, u) in tok for o in configs if o != c)),
-                        default=None) for c in configs}
+                if (c, u) in tok and rest:
+                    ratio[(c, u)] = tok[(c, u)] / max(rest)
+            lines.append(f"| {u} | " + " | ".join(_num(ratio.get((c, u)), ".2f") for c in configs) + " |")
+        worst = {c: min((r for (k, _), r in ratio.items() if k == c), default=None) for c in configs}
         lines.append("| **worst** | " + " | ".join(_num(worst[c], ".2f") for c in configs) + " |")
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
