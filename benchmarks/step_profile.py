@@ -1,7 +1,8 @@
 """Where a decode step's time goes, through real servers: step time measured, then split by py-spy samples.
 
 For each configuration (no-spec; upstream DFlash block 16; dflash_adaptive held at verify width 1, 4 and 16 by
-the controller's `fixed` mode, and choosing for itself) and each load (1 and 16 concurrent requests):
+the controller's `fixed` mode, and choosing for itself; on demand upstream block 8 and adaptive width 8, which
+drafts the full block) and each load (1 and 16 concurrent requests):
   1. step time: the same random prompts run for 1 and for N new tokens (greedy, EOS ignored, radix cache off);
      step = (t_N - t_1) / decode steps, as benchmarks/step_time.py (its helpers); every server runs at once and
      they are measured in turns, the median of --repeats rounds;
@@ -64,6 +65,8 @@ CONFIGS = {
     "dflash-b16": {"speculative": {"algorithm": "dflash", "block_size": 16}},
     "adaptive-w1": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {"mode": "fixed", "fixed_block": 1}}},
     "adaptive-w4": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {"mode": "fixed", "fixed_block": 4}}},
+    "dflash-b8": {"speculative": {"algorithm": "dflash", "block_size": 8}},  # upstream drafting 8 positions
+    "adaptive-w8": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {"mode": "fixed", "fixed_block": 8}}},
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
@@ -167,7 +170,9 @@ def table(load: int, rows: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+                   default=[c for c in CONFIGS if c not in ("dflash-b8", "adaptive-w8")],  # 6 servers fit 24 GiB
+                   help="the width-8 pair (upstream block 8 drafts 8 positions, adaptive width 8 drafts 16) on demand")
     p.add_argument("--loads", type=int, nargs="+", default=[1, 16])
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
