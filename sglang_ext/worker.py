@@ -440,8 +440,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         """The accept of a width-1 step: no draft to verify, so the step commits plain decoding's token for the
         anchor's row -- its argmax, or a sample of the distribution plain decoding samples (SGLang's own sampling
         function; a softmax alone when no top-k/top-p/min_p applies, as in SGLang's sampler). Upstream's chain accept
-        would reach the same distribution through a sort of the vocabulary and the chain kernel: ~1.4 ms of a
-        ~9 ms step on CPU at temperature 1. Returns upstream's (accept_len, commit_lens, bonus, out_tokens, None)."""
+        would reach the same distribution through a sort of the vocabulary and the chain kernel: 1.5 ms of an
+        11 ms step on CPU at temperature 1 (benchmarks/results/step_profile_cpu.md). Returns upstream's (accept_len, commit_lens, bonus, out_tokens, None)."""
         if logits is not None and sampling_info is not None:  # penalties and logit_bias, as every accept
             verify_rows.apply_accept_adjustments(logits.view(bs, 1, -1), cand, sampling_info,
                                                  getattr(sampling_info, ORCHESTRATOR, None))

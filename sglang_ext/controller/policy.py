@@ -93,10 +93,10 @@ class Decision:
 
 
 # a rise of the best drafted width's predicted goodput ratio (to width 1's) since the last probe that restarts the
-# near-probe doubling. benchmarks/probe_schedule.py (one request, acceptance 0.2 -> 0.9 a position, 20 seeds): with
-# 0.05 the controller probes 4 % of width-1 steps (12 % before the doubling) and turns drafting on as fast as
-# before (26 vs 27 steps on average); 0.1 and 0.2 probe 3.5-3.8 % but take 35-40 steps (one probe's outcome alone
-# moves the ratio by 3-10 %)
+# near-probe doubling. benchmarks/probe_schedule.py (one request, acceptance 0.2 -> 0.9 a position, 40 seeds): with
+# 0.05 the controller probes 4.2 % of width-1 steps and turns drafting on after 30 steps on average (the code before
+# the doubling, same simulation on 20 seeds: 12 %, 27 steps); 0.1 and 0.2 probed 3.5-3.8 % but took 35-40 steps
+# (20 seeds; one probe's outcome alone moves the ratio by 3-10 %)
 PROBE_SURPRISE = 0.05
 
 
