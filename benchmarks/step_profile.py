@@ -1,8 +1,9 @@
 """Where a decode step's time goes, through real servers: step time measured, then split by py-spy samples.
 
 For each configuration (no-spec; upstream DFlash block 16; dflash_adaptive held at verify width 1, 4 and 16 by
-the controller's `fixed` mode, and choosing for itself; on demand upstream block 8 and adaptive width 8, which
-drafts the full block) and each load (1 and 16 concurrent requests):
+the controller's `fixed` mode, and choosing for itself; on demand upstream block 8, adaptive width 8, and widths 4
+and 8 drafting the full block, `-full`, where the CPU default drafts only the verified positions) and each load
+(1 and 16 concurrent requests):
   1. step time: the same random prompts run for 1 and for N new tokens (greedy, EOS ignored, radix cache off);
      step = (t_N - t_1) / decode steps, as benchmarks/step_time.py (its helpers); every server runs at once and
      they are measured in turns, the median of --repeats rounds;
@@ -44,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.step_time import measure, prompts, server_config, timed  # noqa: E402
 from harness.server import ManagedServer  # noqa: E402
+from sglang_ext import names  # noqa: E402
 
 # (phase, frame-name markers): a sample goes to the first phase with a marker on its stack, so nested phases
 # (the target forward inside the worker's verify, the sampler inside the forward) come before their callers
@@ -71,6 +73,12 @@ CONFIGS = {
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
 }
+# the same width drafting the full block on CPU too (as on GPU): the reference prefix drafts are measured against
+FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
+for _w in (4, 8):
+    CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
+ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
+ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full")
 
 
 BEFORE = "@before"
@@ -171,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
-                   default=[c for c in CONFIGS if c not in ("dflash-b8", "adaptive-w8")],  # 6 servers fit 24 GiB
-                   help="the width-8 pair (upstream block 8 drafts 8 positions, adaptive width 8 drafts 16) on demand")
+                   default=[c for c in CONFIGS if c not in ON_DEMAND],  # 6 servers fit 24 GiB
+                   help="on demand: upstream block 8, adaptive width 8, and widths 4 and 8 drafting the full block "
+                        "(-full; the CPU default drafts only the verified positions)")
     p.add_argument("--loads", type=int, nargs="+", default=[1, 16])
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -201,9 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             names += [f"{n}{BEFORE}" for n in a.configs if n.startswith("adaptive")]
         for ci, name in enumerate(names, 1):
             print(f"[profile] {ci}/{len(names)} starting {name}", file=sys.stderr, flush=True)
-            env = {"PYTHONPATH": str(a.before.resolve())} if name.endswith(BEFORE) else None
+            env = dict(ENV.get(name.removesuffix(BEFORE), {}))
+            if name.endswith(BEFORE):
+                env["PYTHONPATH"] = str(a.before.resolve())
             server = ManagedServer(config_for(a.config, name.removesuffix(BEFORE)), Path(tmp),
-                                   name.replace("@", "-"), env=env)
+                                   name.replace("@", "-"), env=env or None)
             servers[name] = stack.enter_context(server)
             timed(servers[name], prompts(vocab, 64, 1, 0), 8)  # warm-up
         for n in a.loads:

@@ -77,23 +77,25 @@ class LaunchedStep:
 
     rids: list[str]
     decision: Decision
-    drafted: HostArray | None  # [bs, B - 1] drafted block; None when the draft was skipped
+    drafted: HostArray | None  # [bs, B - 1] drafted block; None unless the step drafted the full block
     committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request
 
 
 class ControllerLoop:
     def __init__(self, settings: AdaptiveSettings, max_block: int, *, is_rank0: bool,
                  broadcast: Callable[[Any], Any] | None = None, metrics: Metrics | None = None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, prefix_drafts: bool = False) -> None:
         """``broadcast``: the TP group's object broadcast from rank 0 (None on a single rank); ``overlap``: SGLang's
-        overlap scheduler is on (the next step launches before this one's result is processed)."""
+        overlap scheduler is on (the next step launches before this one's result is processed); ``prefix_drafts``:
+        the worker drafts only the verified positions below the full block (BlockSizeController)."""
         cfg = settings.controller_in_use()
         cfg.check_against_max_block(max_block)  # the same rule the preflight applied: a hand-run server too
         candidates = list(cfg.candidates_for(max_block))
         cost = (CostModel.from_profile(settings.cost_profile, candidates, ema=cfg.cost_ema)
                 if settings.cost_profile else CostModel.default(candidates, ema=cfg.cost_ema))
         self.settings = settings
-        self.controller = BlockSizeController(cfg, cost, max_block=max_block, is_rank0=is_rank0)
+        self.controller = BlockSizeController(cfg, cost, max_block=max_block, is_rank0=is_rank0,
+                                              prefix_drafts=prefix_drafts)
         self.is_rank0 = is_rank0
         self.metrics = metrics
         self._broadcast = broadcast
@@ -179,7 +181,7 @@ class ControllerLoop:
             synced = True
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                     predicted_goodput=d.predicted_goodput, probe=d.block_size == 1 and d.draft_full)
+                                     predicted_goodput=d.predicted_goodput, probe=d.probe)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

@@ -32,10 +32,12 @@ Counters (all per TP-rank-0 scheduler; ``rate()`` them):
                                             / ignoring(block_size) group_left sum(rate(dflash_block_size_steps_total[5m]))
   dflash_block_size_switches_total        decisions that changed b. Flapping: rate(dflash_block_size_switches_total[5m])
   dflash_controller_errors_total          controller feedback failures (logged; serving continues at the last b).
-  dflash_probe_steps_total                width-1 steps that drafted the block anyway (the controller's probes: each
-                                          costs a draft forward). Share of width-1 steps:
-                                          rate(dflash_probe_steps_total[5m])
-                                            / ignoring(block_size) rate(dflash_block_size_steps_total{block_size="1"}[5m])
+  dflash_probe_steps_total{block_size}    steps at width b that drafted the full block only to observe acceptance (the
+                                          controller's probes: at b = 1 a draft forward speculation-off pays; with
+                                          prefix drafts (CPU) a full draft where b positions would do). Share of the
+                                          steps at each width:
+                                          sum by (block_size) (rate(dflash_probe_steps_total[5m]))
+                                            / sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
 Gauges:
   dflash_block_size                       verify width of the latest decode step.
   dflash_predicted_goodput_tokens_per_second
@@ -91,7 +93,9 @@ class DFlashMetrics:
         self.block_steps = {b: steps.labels(block_size=str(b), **labels) for b in candidates}
         self.switches = counter("dflash_block_size_switches", "Verify-width changes").labels(**labels)
         self.errors = counter("dflash_controller_errors", "Controller feedback failures").labels(**labels)
-        self.probes = counter("dflash_probe_steps", "Width-1 steps that drafted (probes)").labels(**labels)
+        probes = counter("dflash_probe_steps", "Steps that drafted the full block only to observe acceptance",
+                         ["block_size"])
+        self.probes = {b: probes.labels(block_size=str(b), **labels) for b in candidates}
         self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
         self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
                              "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
@@ -108,11 +112,11 @@ class DFlashMetrics:
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False) -> None:
-        """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: a width-1
-        step that drafted."""
+        """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
+        drafted the full block only to observe acceptance (``Decision.probe``)."""
         b = int(block_size)
         if probe:
-            self.probes.inc()
+            self.probes[b].inc()
         n = int(accepted.shape[0])
         total = int(accepted.sum())
         self.verify_steps.inc(n)

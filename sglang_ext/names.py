@@ -34,6 +34,9 @@ EAGER_APPEND = "DFLASH_SERVE_EAGER_DRAFT_APPEND"
 """'1': the DFLASH_ADAPTIVE worker writes the draft-KV append of width-1 steps every step instead of deferring it to
 one batched pass (worker.py). The reference the deferred append is tested against (tests/integration/
 test_adaptive_pausing.py); also a switch for an operator who suspects the deferral."""
+FULL_DRAFTS = "DFLASH_SERVE_FULL_DRAFTS"
+"""'1': the DFLASH_ADAPTIVE worker drafts the full block at every width > 1 on CPU too, as on GPU (worker.py, step
+2): the reference prefix drafts are measured against (benchmarks/step_profile.py, the sweep's variants)."""
 
 # Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
 SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"

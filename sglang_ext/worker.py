@@ -2,9 +2,14 @@
 
 Each decode step:
   1. the controller picks the verify width b from the batch (``decide``), identically on every TP rank;
-  2. the drafter runs over its FULL trained block B (upstream's draft model, draft attention and draft CUDA graph):
-     positions < b attend to the mask tokens after them exactly as in training, so acceptance per position does
-     not depend on b. At b = 1 the draft forward is skipped except on the controller's periodic probes;
+  2. the drafter runs over its full trained block B (upstream's draft model, draft attention and draft CUDA graph),
+     or -- with prefix drafts, where the draft runs eagerly (CPU) -- over the first b positions only, as upstream's
+     block-b DFlash does: positions < b then attend to b - 1 mask tokens, not B - 1. At b = 1 the draft forward is
+     skipped. The controller's periodic probes draft the full block at any b < B (so hindsight keeps observing the
+     positions a narrower width does not draft). Why prefix drafts: the draft forward is compute on CPU, and a
+     full-block draft made width 8 cost nearly width 16 (41.4 vs upstream block 8's 36.2 ms at 16 requests:
+     benchmarks/results/step_profile_cpu.md). GPU keeps the full block: its draft CUDA graph is captured for B
+     (a graph per width would retire that difference);
   3. the target verifies the prefix [anchor, d_1 .. d_{b-1}] (TARGET_VERIFY at width b, its KV written to the
      first b slots of the step's window);
   4. the target's hidden states of the committed tokens are appended to the draft KV cache, so the draft context
@@ -86,11 +91,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
 
             cands = settings.controller.candidates_for(self.max_block)
             metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
+        # see the module docstring, step 2
+        self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
+        self._draft_spec_info_by_width = {self.max_block: self._draft_block_spec_info}
         try:
             self.loop = ControllerLoop(settings, self.max_block, is_rank0=rank == 0, metrics=metrics,
                                        broadcast=(lambda obj: group.broadcast_object(obj, src=0))
                                        if group.world_size > 1 else None,
-                                       overlap=not get_schedule().disable_overlap_schedule)
+                                       overlap=not get_schedule().disable_overlap_schedule,
+                                       prefix_drafts=self._prefix_drafts)
         except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
@@ -199,7 +208,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 
     def _decode(self, batch, rids: list[str], decision: Decision, on_publish, grammar_barrier):
-        """Draft (full block, or skipped), verify the first b, accept, append; hand the host copies to the loop."""
+        """Draft (full block, the first b positions, or skipped), verify the first b, accept, append; hand the host
+        copies to the loop."""
         draft_input = batch.spec_info
         if not isinstance(draft_input, upstream.DFlashDraftInputV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
@@ -213,8 +223,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         tokens[:, 0].copy_(draft_input.bonus_tokens)
         drafted = None
         if decision.draft_full:
-            tokens[:, 1:].copy_(self._draft(batch, window, bs))
+            tokens[:, 1:].copy_(self._draft(batch, window, bs, B))
             drafted = tokens[:, 1:].to("cpu", non_blocking=True)
+        elif b > 1:  # the controller asks for less than the full block only with prefix drafts
+            tokens[:, 1:b].copy_(self._draft(batch, window, bs, b))
         cand = tokens if b == B else tokens[:, :b].contiguous()
         result = self._verify(batch, draft_input, window, cand, b, bs, on_publish, grammar_barrier)
         committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
@@ -308,13 +320,18 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         lens = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
         return lens, int(lens.sum())
 
-    def _draft(self, batch, window: StepWindow, bs: int) -> torch.Tensor:
-        """Upstream's draft forward over the full block -> greedy draft tokens [bs, B - 1]."""
-        B = self.max_block
+    def _draft(self, batch, window: StepWindow, bs: int, width: int) -> torch.Tensor:
+        """Upstream's draft forward over the first ``width`` positions of the window (the full block B, or a prefix
+        with prefix drafts) -> greedy draft tokens [bs, width - 1]."""
+        full = width == self.max_block
+        spec_info = self._draft_spec_info_by_width.get(width)
+        if spec_info is None:
+            spec_info = self._draft_spec_info_by_width[width] = upstream.make_draft_block_spec_info(
+                draft_token_num=width, device=self.device)
         target_model = self.target_worker.model_runner.model
         embed = upstream.unwrap_lora_layer(upstream._resolve_dflash_embedding_module(self.draft_model, target_model))
         lm_head = upstream.unwrap_lora_layer(getattr(target_model, "lm_head", None))
-        block_ids = window.block_ids
+        block_ids = window.block_ids if full else window.block_ids[:, :width].contiguous()
         if self._full_embed_gpu is not None:
             noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
         else:
@@ -322,30 +339,31 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if self._noise_embed_scale != 1.0:
             noise = noise * self._noise_embed_scale
         seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
-        lens, lens_sum = self._host_kv_bound(batch, batch.spec_info, bs, B)
+        lens, lens_sum = self._host_kv_bound(batch, batch.spec_info, bs, width)
         seq_lens_cpu.copy_(lens)
         forward_batch = upstream.ForwardBatch(
             forward_mode=upstream.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
             req_pool_indices=batch.req_pool_indices, seq_lens=window.prefix_lens,
-            out_cache_loc=window.cache_loc.reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
-            positions=window.positions.reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
-            spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH, spec_info=self._draft_block_spec_info,
+            out_cache_loc=window.cache_loc[:, :width].reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
+            positions=window.positions[:, :width].reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH, spec_info=spec_info,
             capture_hidden_mode=upstream.CaptureHiddenMode.NULL,
-            num_token_non_padded=(torch.full((), bs * B, dtype=torch.int32, device=self.device)
+            num_token_non_padded=(torch.full((), bs * width, dtype=torch.int32, device=self.device)
                                   if upstream.enable_num_token_non_padded() else None),
-            global_num_token_non_padded_cpu=bs * B, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
-        window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+            global_num_token_non_padded_cpu=bs * width, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
+        window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator,
+                         cols=None if full else slice(0, width))
         with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
         if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
-            return self._draft_sampler.out[: bs * (B - 1)].view(bs, B - 1)
+            return self._draft_sampler.out[: bs * (width - 1)].view(bs, width - 1)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
-        hidden = hidden.view(bs, B, -1)
+        hidden = hidden.view(bs, width, -1)
         with upstream.draft_tp_context(self.draft_parallel_layout):
             return self._greedy_sample_from_vocab_parallel_head(
-                hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, B - 1)
+                hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, width - 1)
 
     def _verify(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, b: int, bs: int, on_publish,
                 grammar_barrier, defer_append: bool = False):

@@ -56,8 +56,9 @@ class ControllerConfig:
     prior_strength: k of the Beta prior that shrinks a request's estimate toward the global one.
     global_prior_mean / global_prior_strength: Beta prior of the global estimate of position 1 before any data
         (position j's prior is position j-1's estimate, with the same strength).
-    probe_interval: while the chosen block is 1 (draft skipped), ask for a full draft every this many steps so
-        hindsight keeps observing acceptance; 0 disables probing.
+    probe_interval: while the chosen block is 1 (draft skipped), or below the drafter's block with prefix drafts
+        (only b positions drafted), ask for a full draft every this many steps so hindsight keeps observing
+        acceptance; 0 disables probing.
     probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
         width's predicted goodput is at least ``probe_near_ratio`` of width 1's: when acceptance returns, the probes'
         evidence then turns speculation back on within tens of steps rather than hundreds, while a workload the

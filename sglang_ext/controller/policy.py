@@ -22,17 +22,23 @@ batch-size bucket changes), so noise does not make it flap.
     one would otherwise never be chosen, hence never measured (with a flat seed the simulator stayed on b=16 at
     C=64 at 0.67 of the best fixed b).
   * probes: at b = 1 the worker skips the draft; every ``probe_interval`` steps the decision asks for a full
-    draft anyway so hindsight keeps observing acceptance (b > 1 always drafts the full block). While a drafted
-    width is predicted within ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that
-    interval doubling (up to ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when the
-    drafted width's predicted goodput ratio has risen by more than PROBE_SURPRISE since the last probe, or the
-    width switched. Why: at b = 1 probes are the only evidence, and a request's estimate starts at the global one
-    (prior strength 8): at one probe per 32 steps the controller measured ~70 % of steps still at b = 1 three code
-    requests after a prose phase (tests/integration/test_adaptive.py), though those requests accept ~6 tokens a
-    step. But a probe costs a draft forward (~0.45 of a width-1 step on CPU): probing every 4 steps forever, where
-    the drafter guesses a little (prose at temperature 1: within 0.7 of width 1, never above it), cost ~7 % of
-    throughput. Doubling keeps the fast look while the evidence moves and pays ~1/32 of a draft per step once
-    it has settled.
+    draft anyway so hindsight keeps observing acceptance. While a drafted width is predicted within
+    ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that interval doubling (up to
+    ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when that width's predicted
+    goodput ratio has risen by more than PROBE_SURPRISE since the last probe, or the width switched. Why: at b = 1
+    probes are the only evidence, and a request's estimate starts at the global one (prior strength 8): at one
+    probe per 32 steps the controller measured ~70 % of steps still at b = 1 three code requests after a prose
+    phase (tests/integration/test_adaptive.py), though those requests accept ~6 tokens a step. But a probe costs a
+    draft forward (~0.45 of a width-1 step on CPU): probing every 4 steps forever, where the drafter guesses a
+    little (prose at temperature 1: within 0.7 of width 1, never above it), cost ~7 % of throughput. Doubling
+    keeps the fast look while the evidence moves and pays ~1/32 of a draft per step once it has settled.
+  * prefix drafts: with ``prefix_drafts`` (the worker drafts only the b positions it verifies when 1 < b < B: CPU,
+    no draft CUDA graph) such a width probes too, with a full draft, on the same schedule with "a wider width" for
+    "a drafted width": its own steps show acceptance only up to b - 1, the wider widths' evidence comes from the
+    probes, and their step times (not width b's) are not learned. Why the near schedule there too: unobserved
+    positions take their neighbour's estimate, but a code drafter's conditional acceptance rises with depth; with
+    one probe per 32 steps the switching test (tests/integration/test_adaptive.py) started the first code request
+    at b = 4 and spent 29 of its 41 steps at b = 1. Without ``prefix_drafts`` b > 1 always drafts the full block.
 
 Tensor-parallel determinism (critical). Every TP rank runs its own controller; if two ranks pick different b the
 collectives of the verify forward hang. So a decision depends ONLY on inputs that are identical on every rank:
@@ -45,10 +51,11 @@ raises on other ranks, and even on rank 0 a measurement changes nothing until th
 ``sync_cost_table`` on all ranks at the same step (``cost_sync_due`` is computed from the identical step count).
 
 Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step):
-  1. ``d = decide(request_ids)``: verify width ``d.block_size``; draft the full block iff ``d.draft_full`` (always
-     true for b > 1; for b = 1 it is true once every ``probe_interval`` steps so hindsight keeps learning).
+  1. ``d = decide(request_ids)``: verify width ``d.block_size``; draft the full block iff ``d.draft_full``; else
+     draft nothing at b = 1 and, with ``prefix_drafts``, only the first b positions at b > 1 (``d.probe``: a
+     full draft the width alone would not have run, once every ``probe_interval`` steps so hindsight keeps learning).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
-     (``drafted`` = the full drafted block [bs, max_block - 1], or None if the draft was skipped), and on rank 0
+     (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``), and on rank 0
      ``observe_step_time(bs, b, seconds, draft_full=d.draft_full)``. With overlap scheduling these arrive one
      step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
@@ -77,11 +84,13 @@ class Decision:
     """What to run this step.
 
     block_size: verify width b (1 = plain decoding).
-    draft_full: run the drafter over its full trained block this step.
+    draft_full: run the drafter over its full trained block this step (else over the b verified positions with
+        ``prefix_drafts``, or the full block; nothing at b = 1).
     predicted_goodput: predicted committed tokens per second of the whole batch at ``block_size``.
     expected_tokens: predicted committed tokens per request this step at ``block_size`` (mean over the batch).
     switched: ``block_size`` differs from the previous decision's.
     cost_table_version: version of the active cost table used (equal on all TP ranks by construction).
+    probe: ``draft_full`` only to observe acceptance (b alone would have drafted less): its step time is not b's.
     """
 
     block_size: int
@@ -90,6 +99,7 @@ class Decision:
     expected_tokens: float
     switched: bool = False
     cost_table_version: int = 0
+    probe: bool = False
 
 
 # a rise of the best drafted width's predicted goodput ratio (to width 1's) since the last probe that restarts the
@@ -111,13 +121,16 @@ class BlockSizeController:
         is_rank0: bool = True,
         *,
         initial_capacity: int = 64,
+        prefix_drafts: bool = False,
     ) -> None:
+        """``prefix_drafts``: the worker drafts only the verified positions at 1 < b < max_block (see probes)."""
         cfg.validate()
         cfg.check_against_max_block(max_block)
         self.cfg = cfg
         self.cost_model = cost
         self.max_block = int(max_block)
         self.is_rank0 = bool(is_rank0)
+        self.prefix_drafts = bool(prefix_drafts)
         cands = list(cfg.candidates_for(max_block))
         missing = [b for b in cands if b not in cost.block_sizes]
         if missing:
@@ -163,11 +176,11 @@ class BlockSizeController:
 
     # -- decision ---------------------------------------------------------------------------------------------
     def _probe_interval(self, good: np.ndarray, k: int) -> tuple[int, float]:
-        """(steps between probes at width 1 (candidate ``k``), the best drafted width's goodput / width 1's):
-        shorter while a drafted width is within reach, doubling after every probe that left it no nearer."""
+        """(steps between probes at candidate ``k``, the best wider width's goodput / ``k``'s): shorter while a
+        wider width is within reach, doubling after every probe that left it no nearer."""
         cfg = self.cfg
-        if cfg.probe_near_interval > 0 and len(good) > 1 and good[k] > 0:
-            ratio = max(float(g) for i, g in enumerate(good) if i != k) / float(good[k])
+        if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
+            ratio = float(good[k + 1:].max()) / float(good[k])
             if ratio >= cfg.probe_near_ratio:
                 if ratio > self._probe_ratio + PROBE_SURPRISE:
                     self._probe_backoff = 0  # the evidence moved toward drafting since the last probe: look again
@@ -242,19 +255,20 @@ class BlockSizeController:
         self._dwell = 1 if (cur is None or switched) else self._dwell + 1
         self._cur = k
         b = int(self._cands[k])
-        draft_full = b > 1
+        draft_full = b == self.max_block or (b > 1 and not self.prefix_drafts)
+        probe = False
         if switched or cur is None:
             self._probe_backoff, self._probe_ratio = 0, float("inf")
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
             interval, ratio = self._probe_interval(good, k)
-            draft_full = self._since_draft + 1 >= interval
+            probe = draft_full = self._since_draft + 1 >= interval
             if draft_full:
                 self._probe_ratio = ratio
                 if interval < cfg.probe_interval:
                     self._probe_backoff += 1
         self._since_draft = 0 if draft_full else self._since_draft + 1
         self.steps_decided += 1
-        return Decision(b, draft_full, float(good[k]), float(tokens[k] / bs), switched, version)
+        return Decision(b, draft_full, float(good[k]), float(tokens[k] / bs), switched, version, probe)
 
     def _explore(self, bs: int, bucket: int, good: np.ndarray, cur: int) -> int:
         """Try a near-best block whose step time was never (or long ago) measured at this load, once per cooldown.
@@ -371,13 +385,14 @@ class BlockSizeController:
     ) -> None:
         """Rank 0 only: fold a measured step time into the cost learner (not into decisions until a sync).
 
-        A b = 1 step that drafted (a probe) is not representative of b = 1 and is skipped.
+        A probe (a b = 1 step that drafted, or with ``prefix_drafts`` a 1 < b < max_block step that drafted the full
+        block) is not representative of b and is skipped.
         """
         if not self.is_rank0:
             raise RuntimeError(
                 "observe_step_time is rank 0's: other TP ranks must only load() the cost table rank 0 broadcasts"
             )
-        if block_size == 1 and draft_full:
+        if draft_full and (block_size == 1 or (self.prefix_drafts and block_size < self.max_block)):
             self.skipped_probe_timings += 1
             return
         self.cost_model.observe(batch_size, block_size, seconds)

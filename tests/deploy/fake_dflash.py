@@ -26,7 +26,7 @@ CONTRACT = {
     "dflash_block_size_steps_total": ("counter", ("block_size",)),
     "dflash_block_size_switches_total": ("counter", ()),
     "dflash_controller_errors_total": ("counter", ()),
-    "dflash_probe_steps_total": ("counter", ()),
+    "dflash_probe_steps_total": ("counter", ("block_size",)),
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
@@ -65,6 +65,7 @@ class FakeDFlash:
         self.m = m
         self.block = 8
         self.width1_steps = 0
+        self.steps = 0
         self.stop_event = threading.Event()
         self.server = None
         self.thread = None
@@ -85,7 +86,9 @@ class FakeDFlash:
         m["dflash_controller_errors_total"].labels(**lab).inc(0)
         m["dflash_block_size_steps_total"].labels(**lab, block_size=str(b)).inc()
         self.width1_steps += b == 1
-        m["dflash_probe_steps_total"].labels(**lab).inc(b == 1 and self.width1_steps % 4 == 0)  # a probe every 4
+        self.steps += 1
+        probe = (b == 1 and self.width1_steps % 4 == 0) or (1 < b < 16 and self.steps % 32 == 0)
+        m["dflash_probe_steps_total"].labels(**lab, block_size=str(b)).inc(probe)  # width 1 every 4, others every 32
         step_s = 0.01 + 0.0004 * batch * b
         m["dflash_step_seconds"].labels(**lab, block_size=str(b)).observe(step_s * self.rng.uniform(0.9, 1.2))
         committed_all = 0

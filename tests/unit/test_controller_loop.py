@@ -208,5 +208,5 @@ def test_probes_are_counted_apart_from_width1_steps():
         lp.complete([0], 1)
     assert drafted == [False, False, False, True] * 3
     labels = {"model_name": "m"}
-    assert reg.get_sample_value("dflash_probe_steps_total", labels) == 3
+    assert reg.get_sample_value("dflash_probe_steps_total", labels | {"block_size": "1"}) == 3
     assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12

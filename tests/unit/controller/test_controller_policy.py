@@ -329,3 +329,42 @@ def test_cycle_mode_walks_its_pattern_and_drafts_only_above_width_1() -> None:
     assert [d.draft_full for d in got] == [False, False, False, True] * 2
     plain = BlockSizeController(ControllerConfig(mode="cycle"), CostModel.default(BLOCKS))
     assert [plain.decide(["a"]).block_size for _ in range(6)] == [1, 2, 4, 8, 16, 1]
+
+
+def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -> None:
+    """With prefix drafts (CPU) a width below the block drafts only its b positions; every probe_interval steps it
+    drafts the full block (a probe): the wider positions' acceptance is learned only from those probes, and their
+    step times, not width b's, are not learned."""
+    cfg = ControllerConfig(mode="adaptive", probe_interval=4, explore_margin=0.0, hysteresis=0.9)
+    eight = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.01, 16: 1.0}  # width 8 is the only sensible choice
+    ctrl = BlockSizeController(cfg, flat_cost(eight), prefix_drafts=True)
+    decisions = [ctrl.decide(["a"]) for _ in range(12)]
+    assert {d.block_size for d in decisions} == {8}
+    assert [d.draft_full for d in decisions] == [False, False, False, True] * 3
+    assert [d.probe for d in decisions] == [d.draft_full for d in decisions]
+    assert all(d.draft_full and not d.probe for d in (
+        BlockSizeController(cfg, flat_cost({16: 0.001}), prefix_drafts=True).decide(["a"]) for _ in range(5)))
+    full = BlockSizeController(cfg, flat_cost(eight))  # without prefix drafts every width > 1 drafts the block
+    assert all(full.decide(["a"]).draft_full for _ in range(8))
+
+    def measured_8() -> int:
+        return int(np.asarray(ctrl.cost_model.export()["measurements"])[0, BLOCKS.index(8)])
+
+    ctrl.observe_step_time(1, 8, 5.0, draft_full=True)  # a probe: not width 8's time
+    assert (ctrl.skipped_probe_timings, measured_8()) == (1, 0)
+    ctrl.observe_step_time(1, 8, 5.0, draft_full=False)
+    assert (ctrl.skipped_probe_timings, measured_8()) == (1, 1)
+
+    def learn(c: BlockSizeController, steps: int) -> float:
+        """A request whose width-8 steps accept all 7 drafts, while its drafts beyond them miss the stream that
+        follows (``feed``'s tokens are unique per step): only a full draft (a probe) can show the misses."""
+        for _ in range(steps):
+            d = c.decide(["a"])
+            feed(c, ["a"], np.array([J]), d.block_size, full_draft=d.draft_full)
+        return float(c.acceptance_probabilities()[11])  # position 12: beyond what width 8 verifies
+
+    no_probes = BlockSizeController(ControllerConfig(mode="adaptive", probe_interval=0, explore_margin=0.0,
+                                                     hysteresis=0.9), flat_cost(eight), prefix_drafts=True)
+    probed = BlockSizeController(cfg, flat_cost(eight), prefix_drafts=True)
+    blind, seen = learn(no_probes, 200), learn(probed, 200)
+    assert blind > 0.9 and seen < 0.2  # without probes position 12 keeps the estimate of the positions before it
