@@ -8,8 +8,8 @@ N sequential steps per request.
 
 How, for the whole batch at once: by depth. A depth-d prefix among the best N has its parent among the best N,
 so it is among the N best one-token extensions of the N best depth-(d-1) prefixes:
-S_1 = top-N of q_1's top-K, S_d = top-N(S_{d-1} x top-K of q_d) -- one stable sort of [bs, N * K] per depth
-(D sorts, not N heap steps). The tree is the N best of S_1 u .. u S_D, stably sorted by score with shallower
+S_1 = top-N of q_1's top-K, S_d = top-N(S_{d-1} x top-K of q_d) -- one top-N of [bs, N * K] per depth
+(D selections, not N heap steps). The tree is the N best of S_1 u .. u S_D, stably sorted by score with shallower
 prefixes first on ties: every parent then precedes its children, and a cut through equal scores never keeps a
 child without its parent.
 
@@ -21,7 +21,9 @@ Contract: ``build_trees(logp, tokens, budget)``:
   root) and score, nodes in order of score (descending).
 Invariants (tests/unit/test_tree.py, against brute-force enumeration on small vocabularies): the scores are the N
 best prefix scores, as a multiset; every node's parent precedes it and is one level shallower; no two nodes
-spell the same prefix; the same inputs give the same tree on every tensor-parallel rank (stable sorts only).
+spell the same prefix; the same inputs give the same tree on every tensor-parallel rank (top-k and sort are
+deterministic for equal inputs on equal devices; which of two equal-scored prefixes a depth keeps may differ
+from a heap's, never the scores).
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def build_trees(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> Trees:
     scores, picks = [score], [torch.arange(score.shape[1], device=logp.device).expand(bs, -1)]
     for d in range(1, D):
         flat = (score.unsqueeze(2) + logp[:, d].unsqueeze(1)).reshape(bs, -1)
-        pick = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :N]
+        pick = torch.topk(flat, min(N, flat.shape[1]), dim=1).indices  # ties: any order (the final sort is stable)
         score = flat.gather(1, pick)
         scores.append(score)
         picks.append(pick)
