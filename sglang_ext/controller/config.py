@@ -60,7 +60,8 @@ class ControllerConfig:
         (only b positions drafted), ask for a full draft every this many steps so hindsight keeps observing
         acceptance; 0 disables probing.
     probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
-        width's predicted goodput is at least ``probe_near_ratio`` of width 1's: when acceptance returns, the probes'
+        width's predicted goodput is at least ``probe_near_ratio`` of width 1's (with prefix drafts, the best wider
+        width's of the current width's): when acceptance returns, the probes'
         evidence then turns speculation back on within tens of steps rather than hundreds, while a workload the
         drafter cannot guess (rival far below) keeps paying for the rare probe only. The interval doubles after
         each such probe (up to ``probe_interval``) until the evidence moves toward drafting (policy.py). 0 disables.
