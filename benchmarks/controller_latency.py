@@ -65,7 +65,7 @@ def bench(bs: int, calls: int, repeats: int, seed: int = 0) -> dict:
         acc, drafted, committed = _step_data(rng, bs, 16, step * 10**4)
         ctrl.observe_step(ids, 16, acc, drafted, committed)
         ctrl.observe_step(["req-x"], 16, acc[:1], drafted[:1], committed[:1])
-        ctrl.observe_step_time(bs, 16, 0.01, draft_full=d.draft_full)
+        ctrl.observe_step_time(bs, 16, 0.01, probe=d.probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
     same = _timed(lambda: ctrl.decide(ids), calls, repeats)

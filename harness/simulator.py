@@ -181,9 +181,9 @@ def run(
     tpots: list[float] = []
 
     def apply(obs: tuple) -> None:
-        ids, b, acc, drafted, committed, bs, secs, draft_full, finished = obs
+        ids, b, acc, drafted, committed, bs, secs, probe, finished = obs
         ctrl.observe_step(ids, b, acc, drafted, committed)
-        ctrl.observe_step_time(bs, b, secs, draft_full=draft_full)
+        ctrl.observe_step_time(bs, b, secs, probe=probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
         for rid in finished:
@@ -251,7 +251,7 @@ def run(
                 tpots.append((t_end - pool.start_t[row]) / pool.out_len[row])
             pool.active[row] = False
         t = t_end
-        pending.append((ids, b, acc, drafted, committed, bs, secs, d.draft_full, finished))
+        pending.append((ids, b, acc, drafted, committed, bs, secs, d.probe, finished))
         while len(pending) > sim.feedback_lag:
             apply(pending.popleft())
 

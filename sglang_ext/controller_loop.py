@@ -138,7 +138,7 @@ class ControllerLoop:
         try:
             d = step.decision
             if self.settings.learn_costs:
-                self.controller.observe_step_time(step.batch_size, d.block_size, seconds, draft_full=d.draft_full)
+                self.controller.observe_step_time(step.batch_size, d.block_size, seconds, probe=d.probe)
             if self.metrics is not None:
                 self.metrics.step_seconds[d.block_size].observe(seconds)
         except Exception:

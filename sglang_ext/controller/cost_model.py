@@ -11,8 +11,7 @@ Two tables, on purpose (tensor-parallel determinism, see policy.py):
     Measuring never changes a decision until the next broadcast.
 
 Resolution of the learner (``export``/``resolve``):
-  1. a measured cell is its EMA (a measured seed counts as ``seed_weight`` pseudo-measurements, a modelled one as
-     none; then a constant weight);
+  1. a measured cell is its EMA (the seed counts as ``seed_weight`` pseudo-measurements, then a constant weight);
   2. an unmeasured seeded cell is its seed shifted by the mean (measured - seed) residual of its bucket (additive:
      e.g. KV reads that grew since profiling cost the same at every b), interpolated linearly in batch size from
      the measured buckets and held flat beyond them;
@@ -233,11 +232,7 @@ class CostModel:
         seed = self._seed[i, k]
         if math.isnan(cur):
             cur = seed if math.isfinite(seed) else float(seconds)
-        # a measured seed is prior evidence of this cell; a modelled one (a roofline, another machine) is a guess of
-        # the table's shape, not of its scale: counted as pseudo-measurements it held a CPU's width-16 cells at a
-        # third of their measured cost after the first measurement (the H200 seed's milliseconds), and the
-        # controller kept choosing 16 at 50 users where fixed 8 served 1.2x its tokens/s
-        prior = self.seed_weight if math.isfinite(seed) and self.seed_measured else 0.0
+        prior = self.seed_weight if math.isfinite(seed) else 0.0
         w = max(self.ema, 1.0 / (n + prior))
         self._est[i, k] = cur + w * (float(seconds) - cur)
 

@@ -56,7 +56,7 @@ Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step)
      full draft the width alone would not have run, once every ``probe_interval`` steps so hindsight keeps learning).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
      (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``), and on rank 0
-     ``observe_step_time(bs, b, seconds, draft_full=d.draft_full)``. With overlap scheduling these arrive one
+     ``observe_step_time(bs, b, seconds, probe=d.probe)``. With overlap scheduling these arrive one
      step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
   4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
@@ -380,19 +380,16 @@ class BlockSizeController:
         self.stats.reset(np.asarray([slot], dtype=np.intp))
 
     # -- cost table (rank 0 measures; everyone loads the broadcast) -----------------------------------------------
-    def observe_step_time(
-        self, batch_size: int, block_size: int, seconds: float, *, draft_full: bool | None = None
-    ) -> None:
+    def observe_step_time(self, batch_size: int, block_size: int, seconds: float, *, probe: bool = False) -> None:
         """Rank 0 only: fold a measured step time into the cost learner (not into decisions until a sync).
 
-        A probe (a b = 1 step that drafted, or with ``prefix_drafts`` a 1 < b < max_block step that drafted the full
-        block) is not representative of b and is skipped.
+        A probe (``Decision.probe``: a full draft width b alone would not have run) is not b's cost and is skipped.
         """
         if not self.is_rank0:
             raise RuntimeError(
                 "observe_step_time is rank 0's: other TP ranks must only load() the cost table rank 0 broadcasts"
             )
-        if draft_full and (block_size == 1 or (self.prefix_drafts and block_size < self.max_block)):
+        if probe:
             self.skipped_probe_timings += 1
             return
         self.cost_model.observe(batch_size, block_size, seconds)

@@ -135,8 +135,8 @@ def test_speculation_turns_off_when_acceptance_collapses_and_back_on_when_it_ret
     temperature 1 (the code drafter guesses little), then code again. Learning off so the cost landscape is known:
     speculation pays only when acceptance is high. Each phase is a few requests; the controller must follow within
     them, probes included. The cost profile is benchmarks/step_profile.py's measurement at 1 request: any drafted
-    width costs ~1.7-2x a width-1 step (the draft runs over the full block), so only a drafter that lands ~2 tokens
-    a step pays."""
+    width costs ~1.7-2x a width-1 step (measured when every width drafted the full block), so only a drafter that
+    lands ~2 tokens a step pays."""
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"batch_buckets": [1, 64], "block_sizes": list(WIDTHS),
                                    "seconds": [[0.010, 0.0170, 0.0173, 0.0180, 0.0200]] * 2}))

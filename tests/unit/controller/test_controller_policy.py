@@ -160,7 +160,7 @@ def test_observe_step_time_is_rank0_only_and_needs_sync() -> None:
     for _ in range(50):
         r0.observe_step_time(8, 4, 1.0)
     assert np.array_equal(r0.cost_model.table, before)
-    r0.observe_step_time(8, 1, 5.0, draft_full=True)  # a b=1 probe step is not a b=1 cost sample
+    r0.observe_step_time(8, 1, 5.0, probe=True)  # a b=1 probe step is not a b=1 cost sample
     assert r0.skipped_probe_timings == 1
     assert r0.sync_cost_table() == 1
     assert r0.cost_model.row(8)[2] > 0.5
@@ -191,7 +191,7 @@ def test_tensor_parallel_ranks_decide_identically() -> None:
         runs = rng.integers(0, J + 1, len(live))
         for c in ranks:
             feed(c, live, runs, b, full_draft=decisions[0].draft_full)
-        ranks[0].observe_step_time(len(live), b, float(rng.uniform(0.005, 0.05)), draft_full=decisions[0].draft_full)
+        ranks[0].observe_step_time(len(live), b, float(rng.uniform(0.005, 0.05)), probe=decisions[0].probe)
         assert ranks[0].cost_sync_due == ranks[1].cost_sync_due
         if ranks[0].cost_sync_due:
             for r, c in enumerate(ranks):
@@ -287,7 +287,7 @@ def test_exploration_tries_an_unmeasured_near_best_block_once() -> None:
         seen.append(d.block_size)
         feed(ctrl, ids, np.array([0]), d.block_size, full_draft=d.draft_full)
         ctrl.observe_step_time(1, d.block_size, {1: 0.01, 2: 0.0105, 4: 0.011, 8: 0.05, 16: 0.1}[d.block_size],
-                               draft_full=d.draft_full)
+                               probe=d.probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
     assert seen[0] == 1
@@ -311,7 +311,7 @@ def test_modelled_seed_measures_every_cell_once() -> None:
         ok = rng.random((64, J)) < 0.9
         runs = np.where(ok.all(axis=1), J, np.argmin(ok, axis=1))
         feed(ctrl, ids, runs, d.block_size, full_draft=d.draft_full)
-        ctrl.observe_step_time(64, d.block_size, true_t[d.block_size], draft_full=d.draft_full)
+        ctrl.observe_step_time(64, d.block_size, true_t[d.block_size], probe=d.probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
     assert seen[0] == 16  # flat guess: the widest block looks free
@@ -350,9 +350,9 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
     def measured_8() -> int:
         return int(np.asarray(ctrl.cost_model.export()["measurements"])[0, BLOCKS.index(8)])
 
-    ctrl.observe_step_time(1, 8, 5.0, draft_full=True)  # a probe: not width 8's time
+    ctrl.observe_step_time(1, 8, 5.0, probe=True)  # a probe: not width 8's time
     assert (ctrl.skipped_probe_timings, measured_8()) == (1, 0)
-    ctrl.observe_step_time(1, 8, 5.0, draft_full=False)
+    ctrl.observe_step_time(1, 8, 5.0)
     assert (ctrl.skipped_probe_timings, measured_8()) == (1, 1)
 
     def learn(c: BlockSizeController, steps: int) -> float:
