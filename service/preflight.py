@@ -119,8 +119,9 @@ def _check_adaptive(spec, draft_block: int) -> None:
     from sglang_ext.controller.cost_model import CostModel
 
     settings = spec.adaptive_settings()
-    try:  # the one rule for widths, the same call the worker makes at start-up
+    try:  # the one rule for widths (and tree budgets), the same calls the worker makes at start-up
         settings.controller.check_against_max_block(draft_block)
+        settings.check_tree_budget(draft_block)
     except ValueError as e:
         raise ConfigError(f"speculative.adaptive.{e}") from None
     if settings.cost_profile is not None:

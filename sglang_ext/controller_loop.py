@@ -78,7 +78,8 @@ class LaunchedStep:
     rids: list[str]
     decision: Decision
     drafted: HostArray | None  # [bs, B - 1] drafted block; None unless the step drafted the full block
-    committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request
+    committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request (a tree step: [bs, 1 + budget])
+    tree_budget: int | None = None  # the step verified a tree of this many draft prefixes (drafted: its greedy chain)
 
 
 class ControllerLoop:
@@ -180,8 +181,15 @@ class ControllerLoop:
             ctl.sync_cost_table(self._broadcast)
             synced = True
         if self.metrics is not None:
+            extra = 0
+            if step.tree_budget is not None:  # past the chain: tokens beyond the greedy draft's agreement
+                drafted = step.drafted.numpy()
+                w = min(drafted.shape[1], committed.shape[1])
+                agree = (drafted[:, :w] == committed[:, :w]).cumprod(axis=1).sum(axis=1)
+                extra = int((accepted - np.minimum(agree, accepted)).sum())
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                     predicted_goodput=d.predicted_goodput, probe=d.probe)
+                                     predicted_goodput=d.predicted_goodput, probe=d.probe,
+                                     tree_budget=step.tree_budget, tree_extra=extra)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

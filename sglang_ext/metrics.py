@@ -38,6 +38,12 @@ Counters (all per TP-rank-0 scheduler; ``rate()`` them):
                                           steps at each width:
                                           sum by (block_size) (rate(dflash_probe_steps_total[5m]))
                                             / sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
+  dflash_tree_steps_total{budget}         decode steps that verified a DDTree of `budget` draft prefixes (tree_budget) in
+                                          place of the full-width chain. Share of the steps:
+                                          sum(rate(dflash_tree_steps_total[5m])) / sum(rate(dflash_block_size_steps_total[5m]))
+  dflash_tree_extra_tokens_total{budget}  tokens tree steps committed past the point where the greedy chain of the same
+                                          draft stopped agreeing (what the tree bought). Extra tokens per request-step:
+                                          sum(rate(dflash_tree_extra_tokens_total[5m])) / sum(rate(dflash_verify_steps_total[5m]))
 Gauges:
   dflash_block_size                       verify width of the latest decode step.
   dflash_predicted_goodput_tokens_per_second
@@ -65,7 +71,8 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128,
 class DFlashMetrics:
     """The worker's metric families, children pre-resolved so a step costs a few dict-free increments."""
 
-    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None) -> None:
+    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None,
+                 tree_budget: int | None = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
@@ -96,6 +103,12 @@ class DFlashMetrics:
         probes = counter("dflash_probe_steps", "Steps that drafted the full block only to observe acceptance",
                          ["block_size"])
         self.probes = {b: probes.labels(block_size=str(b), **labels) for b in candidates}
+        tree_steps = counter("dflash_tree_steps", "Decode steps that verified a DDTree", ["budget"])
+        tree_extra = counter("dflash_tree_extra_tokens", "Tokens tree steps committed past the greedy chain's agreement",
+                             ["budget"])
+        budgets = [] if tree_budget is None else [int(tree_budget)]
+        self.tree_steps = {n: tree_steps.labels(budget=str(n), **labels) for n in budgets}
+        self.tree_extra = {n: tree_extra.labels(budget=str(n), **labels) for n in budgets}
         self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
         self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
                              "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
@@ -111,16 +124,20 @@ class DFlashMetrics:
                                    registry=registry).labels(**labels)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
-                    probe: bool = False) -> None:
+                    probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
-        drafted the full block only to observe acceptance (``Decision.probe``)."""
+        drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
+        tree of that many nodes (offered: the nodes), committing ``tree_extra`` tokens past the greedy chain's."""
         b = int(block_size)
         if probe:
             self.probes[b].inc()
         n = int(accepted.shape[0])
         total = int(accepted.sum())
         self.verify_steps.inc(n)
-        self.draft_tokens.inc(n * (b - 1))
+        self.draft_tokens.inc(n * (b - 1 if tree_budget is None else int(tree_budget)))
+        if tree_budget is not None:
+            self.tree_steps[int(tree_budget)].inc()
+            self.tree_extra[int(tree_budget)].inc(int(tree_extra))
         self.accepted.inc(total)
         if b > 1:
             # at_least[j] = requests with accepted >= j: accepted at position j, and tried at position j + 1

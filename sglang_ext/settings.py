@@ -52,11 +52,23 @@ class AdaptiveSettings:
         The preflight has loaded it once; the worker loads it for real.
     learn_costs: refine the cost table online from measured step times (off = the profile is the truth: for
         operators who profiled offline, and for tests that need a known cost landscape).
+    tree_budget: DDTree verification (worker.py, sglang_ext/tree/): a step the controller verifies at the
+        drafter's full block B verifies instead the ``tree_budget`` most likely draft prefixes as a tree, root
+        included in the same B-slot window (so 1..B - 1; the window is what the scheduler reserves per step).
+        None = chain verification only.
     """
 
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     cost_profile: str | None = None
     learn_costs: bool = True
+    tree_budget: int | None = None
+
+    def check_tree_budget(self, max_block: int) -> None:
+        """The budget against the drafter's block: 1 + budget nodes must fit the step's B-slot KV window."""
+        n = self.tree_budget
+        if n is not None and not 1 <= n <= max_block - 1:
+            raise ValueError(f"tree_budget: must be in 1..{max_block - 1} for a drafter of block {max_block} (the "
+                             f"tree and its root share the step's {max_block}-slot KV window), got {n}")
 
     def controller_in_use(self) -> ControllerConfig:
         """The controller's config as the worker runs it: without cost learning, exploring would only measure
@@ -67,11 +79,11 @@ class AdaptiveSettings:
 
     def to_json(self) -> str:
         return json.dumps({"controller": self.controller.to_dict(), "cost_profile": self.cost_profile,
-                           "learn_costs": self.learn_costs})
+                           "learn_costs": self.learn_costs, "tree_budget": self.tree_budget})
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> "AdaptiveSettings":
-        unknown = sorted(set(d) - {"controller", "cost_profile", "learn_costs"})
+        unknown = sorted(set(d) - {"controller", "cost_profile", "learn_costs", "tree_budget"})
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown adaptive setting")
         profile = d.get("cost_profile")
@@ -80,7 +92,10 @@ class AdaptiveSettings:
         learn = d.get("learn_costs", True)
         if not isinstance(learn, bool):
             raise ValueError(f"learn_costs: must be true or false, got {learn!r}")
-        return cls(ControllerConfig.from_dict(d.get("controller") or {}), profile, learn)
+        tree = d.get("tree_budget")
+        if tree is not None and (not isinstance(tree, int) or isinstance(tree, bool) or tree < 1):
+            raise ValueError(f"tree_budget: must be a positive integer or null, got {tree!r}")
+        return cls(ControllerConfig.from_dict(d.get("controller") or {}), profile, learn, tree)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AdaptiveSettings":

@@ -49,11 +49,18 @@ from sglang_ext.controller.policy import Decision
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.patches.verify_sampling import ORCHESTRATOR
 from sglang_ext.settings import AdaptiveSettings
+from sglang_ext.tree.build import build_trees
+from sglang_ext.tree.commit import window_order
+from sglang_ext.tree.mask import ancestor_mask
+from sglang_ext.tree.mask import positions as tree_positions
+from sglang_ext.tree.walk import walk
 from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
 
 logger = logging.getLogger(__name__)
 # width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
 DEFERRED_APPEND_STEPS = 16
+# a tree step's top-k per drafted position: k = budget keeps build_trees exact (any tree shape) up to this
+TREE_TOP_K = 16
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             from sglang_ext.metrics import DFlashMetrics
 
             cands = settings.controller.candidates_for(self.max_block)
-            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
+            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands,
+                                    tree_budget=settings.tree_budget)
         # see the module docstring, step 2
         self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
         self._draft_spec_info_by_width = {self.max_block: self._draft_block_spec_info}
@@ -103,6 +111,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
+        self._tree_budget = self._checked_tree_budget(settings, int(group.world_size))
         self._deferred: list[DeferredAppend] = []
         self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
@@ -127,6 +136,21 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                              f"unset it or {fix}")
         if upstream.get_parallel().attn_dp_enabled:
             raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
+
+    def _checked_tree_budget(self, settings: AdaptiveSettings, tp_size: int) -> int | None:
+        if settings.tree_budget is None:
+            return None
+        try:
+            settings.check_tree_budget(self.max_block)
+        except ValueError as e:
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
+        if torch.device(self.device).type != "cpu":
+            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.tree_budget: tree verification runs on CPU only "
+                             "in this release (its GPU attention mask and CUDA graphs are not built); unset it")
+        if tp_size != 1:
+            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.tree_budget: tree verification needs tensor "
+                             "parallel size 1 (the draft marginals read the whole LM head); unset it")
+        return settings.tree_budget
 
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
@@ -217,6 +241,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         bs, B, b = len(batch.seq_lens), self.max_block, decision.block_size
         if b == 1 and not decision.draft_full:
             return self._decode_width1(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
+        if b == B and self._tree_budget is not None and self._tree_serves(batch):
+            return self._decode_tree(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
         self._flush_deferred_append()  # the draft reads its KV: it must hold every committed token
         window = self._plan_window(batch, draft_input, bs)
         tokens = self._draft_block_tokens_buf[:bs]  # [bs, B]: anchor, then the drafted block
@@ -232,6 +258,95 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
         self.loop.launched(LaunchedStep(rids, decision, drafted, committed))
         return result
+
+    def _tree_serves(self, batch) -> bool:
+        """Whether this batch's step may verify a tree: nothing in it depends on the candidates being one chain --
+        grammars (a chain's token tree), logprobs (reported per chain row), per-row penalties (replayed along the
+        chain), custom logit processors and sampling masks. Such a batch verifies the chain this step."""
+        si = batch.sampling_info
+        if batch.has_grammar or batch.return_logprob:
+            return False
+        if si is None:
+            return True
+        return not (si.has_custom_logit_processor or si.sampling_mask_batch_indices is not None
+                    or verify_rows.active_penalizers(getattr(si, ORCHESTRATOR, None)))
+
+    def _decode_tree(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish,
+                     grammar_barrier):
+        """A DDTree step (module docstring, step 5): draft the full block once and keep its top-k marginals, build
+        the ``tree_budget`` most likely prefixes, verify root + tree in the first n = 1 + budget slots of the
+        window under the ancestor mask, walk the target's choices, then reorder the window's slots in req_to_token
+        so the committed path's KV sits at the committed positions, and append the path's target features to the
+        draft KV."""
+        self._flush_deferred_append()
+        n = self._tree_budget + 1
+        window = self._plan_window(batch, draft_input, bs)
+        logp, top = self._draft(batch, window, bs, self.max_block, marginals_k=min(self._tree_budget, TREE_TOP_K))
+        trees = build_trees(logp, top, self._tree_budget)
+        drafted = top[:, :, 0].to("cpu", non_blocking=True)  # the greedy block: hindsight's evidence, as a chain
+        cand = torch.cat([draft_input.bonus_tokens.view(bs, 1).to(torch.int64), trees.token], dim=1)  # [bs, n]
+        positions = tree_positions(window.prefix_lens, trees.depth).reshape(-1)
+        target_out, target_predict = self._verify_forward(batch, draft_input, window, cand, positions, bs,
+                                                          grammar_barrier, tree_mask=ancestor_mask(trees.parent))
+        logits_output = target_out.logits_output
+        choice = self._tree_choice(logits_output.next_token_logits, target_predict, batch.sampling_info, cand,
+                                   draft_input, bs)
+        accepted, path, bonus = walk(trees, choice)
+        order = window_order(path, n)
+        commit_lens = (accepted + 1).to(torch.int32)
+        ordered = cand.gather(1, order)  # root, the path's tokens, then the rest
+        out_tokens = torch.cat([ordered[:, 1:], ordered[:, :1]], dim=1)
+        out_tokens.scatter_(1, accepted.unsqueeze(1), bonus.unsqueeze(1))  # the path's tokens, then the bonus
+        # the committed positions prefix .. prefix + accepted take their nodes' slots (no K/V copy)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
+        cols = window.prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(n, device=order.device)
+        req_to_token[rows, cols] = window.cache_loc[:, :n].gather(1, order).to(req_to_token.dtype)
+        new_seq_lens = window.prefix_lens + commit_lens.to(window.prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
+        hidden = hidden.view(bs, n, -1)
+        hidden = hidden.gather(1, order.unsqueeze(2).expand(bs, n, hidden.shape[-1]))
+        draft_loc = window.plan.write_ids(self.draft_model_runner.kv_index_translator, cols=slice(0, n))
+        draft_loc = draft_loc.view(bs, n).gather(1, order)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden.reshape(bs * n, -1), cache_loc=draft_loc.reshape(-1), cache_loc_2d=draft_loc,
+            positions=window.positions[:, :n].reshape(-1), commit_lens=commit_lens)
+        logits_output.hidden_states = None
+        result = upstream.GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=n, new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output)
+        self.loop.launched(LaunchedStep(rids, decision, drafted, out_tokens.to("cpu", non_blocking=True),
+                                        tree_budget=self._tree_budget))
+        return result
+
+    def _tree_choice(self, logits: torch.Tensor | None, target_predict: torch.Tensor | None, sampling_info,
+                     cand: torch.Tensor, draft_input, bs: int) -> torch.Tensor:
+        """The target's token after every node ([bs, n]): its argmax, or one sample of the distribution plain
+        decoding samples there (logit_bias, temperature, top-k/top-p/min_p: the chain accept's own functions)."""
+        n = int(cand.shape[1])
+        if target_predict is not None:
+            choice, site = target_predict, upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+        else:
+            if sampling_info is not None:  # logit_bias (no penalizer is active: _tree_serves)
+                verify_rows.apply_accept_adjustments(logits.view(bs, n, -1), cand, sampling_info, None)
+            if upstream._is_all_greedy(sampling_info):
+                choice, site = torch.argmax(logits, dim=-1), upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+            else:
+                probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
+                    next_token_logits=logits, sampling_info=sampling_info, draft_token_num=n, bs=bs,
+                    max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+                choice, site = sampling_from_probs_torch(probs), upstream.SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+        choice = choice.view(bs, n).to(torch.int64)
+        self._tp_sync.sync(site, choice)
+        return choice
 
     def _decode_width1(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish,
                        grammar_barrier):
@@ -320,9 +435,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         lens = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
         return lens, int(lens.sum())
 
-    def _draft(self, batch, window: StepWindow, bs: int, width: int) -> torch.Tensor:
+    def _draft(self, batch, window: StepWindow, bs: int, width: int, marginals_k: int = 0):
         """Upstream's draft forward over the first ``width`` positions of the window (the full block B, or a prefix
-        with prefix drafts) -> greedy draft tokens [bs, width - 1]."""
+        with prefix drafts) -> greedy draft tokens [bs, width - 1]; with ``marginals_k``, the top-k marginals of
+        those positions instead (``_marginals``: a tree step's input, from the same one forward)."""
         full = width == self.max_block
         spec_info = self._draft_spec_info_by_width.get(width)
         if spec_info is None:
@@ -361,26 +477,41 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
         hidden = hidden.view(bs, width, -1)
+        if marginals_k:
+            return self._marginals(hidden[:, 1:, :], lm_head, marginals_k)
         with upstream.draft_tp_context(self.draft_parallel_layout):
             return self._greedy_sample_from_vocab_parallel_head(
                 hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, width - 1)
 
-    def _verify(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, b: int, bs: int, on_publish,
-                grammar_barrier, defer_append: bool = False):
-        """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b; kept for
-        a batched pass when ``defer_append``, width 1 only: one committed token per request)."""
-        cols = slice(0, b)  # this step writes the first b slots of its B-slot window
-        plan, prefix_lens = window.plan, window.prefix_lens
-        positions = window.positions[:, :b].reshape(-1)
+    @staticmethod
+    def _marginals(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's top-``k`` log-probabilities and tokens at every drafted position ([bs, D, k] each, sorted
+        descending): the same LM head the greedy draft takes its argmax from (tensor parallel 1: refused otherwise
+        at start-up), over the vocabulary without its padding rows."""
+        weight = lm_head.weight
+        shard = getattr(lm_head, "shard_indices", None)
+        if shard is not None:
+            weight = weight[: int(shard.num_org_elements)]
+        logits = torch.matmul(hidden.to(weight.dtype), weight.T).float()
+        top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+        return top.values, top.indices
+
+    def _verify_forward(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, positions: torch.Tensor,
+                        bs: int, grammar_barrier, tree_mask: torch.Tensor | None = None):
+        """The target's verify forward of [bs, n] candidates written to the first n slots of the window, at
+        ``positions``, then the logit adjustments every accept applies (custom logit processors, grammar) ->
+        (target_out, target_predict: its argmax when upstream skipped the full logits, else None). ``tree_mask``
+        ([bs, n, n] ancestor mask): a tree verify (the grammar is a chain's; tree steps never have one)."""
+        n = int(cand.shape[1])
         grammar_tree = upstream.GrammarTree.from_linear_chain(cand) if batch.has_grammar else None
         verify_input = upstream.DFlashVerifyInput(
-            draft_token=cand.reshape(-1), positions=positions, draft_token_num=b, custom_mask=None,
-            capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=plan, kv_loc_cols=cols)
-        batch.out_cache_loc = window.cache_loc[:, :b].reshape(-1)
+            draft_token=cand.reshape(-1), positions=positions, draft_token_num=n, custom_mask=tree_mask,
+            capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=window.plan, kv_loc_cols=slice(0, n))
+        batch.out_cache_loc = window.cache_loc[:, :n].reshape(-1)
         sampling_info = batch.sampling_info
         saved = batch.seq_lens_cpu, batch.seq_lens_sum
         if batch.seq_lens_cpu is not None or draft_input.nxt_kv_lens_cpu is not None:
-            batch.seq_lens_cpu, batch.seq_lens_sum = self._host_kv_bound(batch, draft_input, bs, b)
+            batch.seq_lens_cpu, batch.seq_lens_sum = self._host_kv_bound(batch, draft_input, bs, n)
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker, defer_metadata_init=False)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
         target_out = self.target_worker.forward_batch_generation(
@@ -402,9 +533,22 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                 device=logits_output.next_token_logits.device, barrier=grammar_barrier)
         if sampling_info is not None and target_predict is None:
             upstream.apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info, draft_token_num=b)
+                next_token_logits=logits_output.next_token_logits, sampling_info=sampling_info, draft_token_num=n)
         if grammar_mask is not None:
             grammar_mask.apply(logits_output.next_token_logits)
+        return target_out, target_predict
+
+    def _verify(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, b: int, bs: int, on_publish,
+                grammar_barrier, defer_append: bool = False):
+        """Target verify of [bs, b] candidates, accept, and the draft-KV append (upstream's, at width b; kept for
+        a batched pass when ``defer_append``, width 1 only: one committed token per request)."""
+        cols = slice(0, b)  # this step writes the first b slots of its B-slot window
+        plan, prefix_lens = window.plan, window.prefix_lens
+        positions = window.positions[:, :b].reshape(-1)
+        sampling_info = batch.sampling_info
+        target_out, target_predict = self._verify_forward(batch, draft_input, window, cand, positions, bs,
+                                                          grammar_barrier)
+        logits_output = target_out.logits_output
 
         if b == 1:
             accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_width1(

@@ -29,10 +29,12 @@ class BlockPlan:
 
 
 def make_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, block: int, *,
-              causal: bool, sliding_window: int | None = None) -> BlockPlan:
+              causal: bool, sliding_window: int | None = None, tree: torch.Tensor | None = None) -> BlockPlan:
     """Keys of request i are sequence positions [0, prefix_i + block). causal: query t
     (position prefix_i + t) sees keys <= its position; otherwise all of them (the DFlash
-    draft's bidirectional block). sliding_window: only keys >= position - window."""
+    draft's bidirectional block). sliding_window: only keys >= position - window.
+    tree ([bs, block, block] bool, a tree verify's ancestor mask, sglang_ext/tree/mask.py):
+    query t sees the whole prefix and block key u iff tree[i, t, u] -- in place of causal."""
     bs = prefix_lens.shape[0]
     prefix = prefix_lens.to(torch.long)
     kv_lens = prefix + block
@@ -40,10 +42,18 @@ def make_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix
     slots = req_to_token[req_pool_indices.long(), :max_len].reshape(-1).long()
     window = sliding_window if sliding_window is not None and sliding_window > -1 else None
     ragged = bs > 1 and bool((kv_lens != max_len).any())
-    if not (causal or window is not None or ragged):
+    if not (causal or window is not None or ragged or tree is not None):
         return BlockPlan(bs, block, max_len, slots, None)
     key_pos = torch.arange(max_len).view(1, 1, max_len)
     mask = key_pos < kv_lens.view(bs, 1, 1)
+    if tree is not None:
+        if window is not None or tree.shape != (bs, block, block):
+            raise ValueError(f"tree mask: expected [{bs}, {block}, {block}] and no sliding window, got "
+                             f"{tuple(tree.shape)}, window {window}")
+        rel = key_pos - prefix.view(bs, 1, 1)  # the key's column in the block (< 0: the prefix)
+        in_tree = tree.gather(2, rel.clamp(0, block - 1).expand(bs, block, max_len))
+        mask = mask & ((rel < 0) | in_tree)
+        return BlockPlan(bs, block, max_len, slots, mask.unsqueeze(1))
     if causal or window is not None:
         q_pos = prefix.view(bs, 1, 1) + torch.arange(block).view(1, block, 1)
         if causal:

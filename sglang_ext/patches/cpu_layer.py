@@ -159,7 +159,14 @@ def _torch_native_block_attention() -> None:
     """layers/attention/torch_native_backend.py: TARGET_VERIFY (target verify, causal; DFlash
     draft, ENCODER_ONLY = non-causal) has no path upstream, and DECODE loops per request.
     Both become one batched O(L*n) SDPA per layer (cpu/attention.py). The gather index and
-    mask are built once per forward batch and shared by all its layers."""
+    mask are built once per forward batch and shared by all its layers. A tree verify (the
+    adaptive worker's DDTree step) replaces causal with its ancestor mask."""
+
+    def tree_mask(fb):
+        """A tree verify's ancestor mask: DFlashVerifyInput.custom_mask ("True means the (q, k) pair is allowed"),
+        which the adaptive worker's tree step sets as [bs, n, n] over the verified block (worker.py)."""
+        mask = getattr(fb.spec_info, "custom_mask", None) if fb.forward_mode.is_target_verify() else None
+        return mask if mask is not None and mask.dim() == 3 else None
 
     def patch(tnb: ModuleType) -> None:
         cls = tnb.TorchNativeAttnBackend
@@ -179,7 +186,8 @@ def _torch_native_block_attention() -> None:
                 # TARGET_VERIFY: seq_lens excludes the block being verified/drafted; DECODE: it includes the token.
                 prefix_lens = fb.seq_lens if fb.forward_mode.is_target_verify() else fb.seq_lens - 1
                 plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
-                                              block, causal=causal, sliding_window=window)
+                                              block, causal=causal, sliding_window=window,
+                                              tree=tree_mask(fb) if causal else None)
             out = attend(plan, q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
                          self.token_to_kv_pool.get_key_buffer(layer.layer_id),
                          self.token_to_kv_pool.get_value_buffer(layer.layer_id), layer.scaling)

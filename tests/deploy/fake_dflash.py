@@ -27,6 +27,8 @@ CONTRACT = {
     "dflash_block_size_switches_total": ("counter", ()),
     "dflash_controller_errors_total": ("counter", ()),
     "dflash_probe_steps_total": ("counter", ("block_size",)),
+    "dflash_tree_steps_total": ("counter", ("budget",)),
+    "dflash_tree_extra_tokens_total": ("counter", ("budget",)),
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
@@ -89,6 +91,9 @@ class FakeDFlash:
         self.steps += 1
         probe = (b == 1 and self.width1_steps % 4 == 0) or (1 < b < 16 and self.steps % 32 == 0)
         m["dflash_probe_steps_total"].labels(**lab, block_size=str(b)).inc(probe)  # width 1 every 4, others every 32
+        tree = b == 16  # tree_budget 15: the full-width steps verify a tree
+        m["dflash_tree_steps_total"].labels(**lab, budget="15").inc(tree)
+        m["dflash_tree_extra_tokens_total"].labels(**lab, budget="15").inc(self.rng.randint(0, batch) if tree else 0)
         step_s = 0.01 + 0.0004 * batch * b
         m["dflash_step_seconds"].labels(**lab, block_size=str(b)).observe(step_s * self.rng.uniform(0.9, 1.2))
         committed_all = 0

@@ -113,6 +113,23 @@ def test_block_size_larger_than_trained(tmp_path, tiny_pair):
         check(load_config(write(tmp_path, data)))
 
 
+def test_a_tree_budget_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, tiny_pair):
+    data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
+    data["speculative"]["adaptive"] = {"tree_budget": 16}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.tree_budget: must be in 1..15 for a drafter of "
+                                          r"block 16 \(the tree and its root share the step's 16-slot KV window\)"):
+        check(load_config(write(tmp_path, data)))
+    data["speculative"]["adaptive"] = {"tree_budget": 15}
+    assert check(load_config(write(tmp_path, data))).draft_block_size == 16
+    data["server"] = {"device": "cuda"}
+    with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget: tree verification runs on CPU only"):
+        load_config(write(tmp_path, data))
+    data["server"] = {}
+    data["speculative"]["adaptive"] = {"tree_budget": 0}
+    with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget: Input should be greater than or equal"):
+        load_config(write(tmp_path, data))
+
+
 def test_api_key_comes_from_the_named_environment_variable(tmp_path, tiny_pair, monkeypatch):
     data = good(tiny_pair, algorithm="none") | {"server": {"api_key_env": "DFLASH_TEST_KEY"}}
     cfg = load_config(write(tmp_path, data))

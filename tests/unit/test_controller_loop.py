@@ -210,3 +210,22 @@ def test_probes_are_counted_apart_from_width1_steps():
     labels = {"model_name": "m"}
     assert reg.get_sample_value("dflash_probe_steps_total", labels | {"block_size": "1"}) == 3
     assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12
+
+
+def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain():
+    """dflash_tree_extra_tokens_total: per request, the accepted tokens beyond the greedy draft's agreement with the
+    committed stream (what the tree bought over the chain of the same draft); offered drafts are the tree's nodes."""
+    reg = CollectorRegistry()
+    cfg = ControllerConfig(mode="fixed", fixed_block=16, cost_sync_interval=1)
+    lp = ControllerLoop(AdaptiveSettings(cfg, tree_budget=7), B, is_rank0=True,
+                        metrics=DFlashMetrics("m", B, cfg.candidates_for(B), registry=reg, tree_budget=7))
+    d = lp.begin_decode(["a", "b"], 1.0)
+    drafted = np.array([[5, 6, 7] + [0] * 12, [5, 6, 7] + [0] * 12])
+    # a: the chain agreed on 1 token, the tree walked 3 (2 extra); b: the chain agreed on all 3 the tree walked
+    committed = np.array([[5, 9, 9, 4, 0, 0, 0, 0], [5, 6, 7, 4, 0, 0, 0, 0]])
+    lp.launched(LaunchedStep(["a", "b"], d, Host(drafted), Host(committed), tree_budget=7))
+    lp.complete([3, 3], 2)
+    labels = {"model_name": "m", "budget": "7"}
+    assert reg.get_sample_value("dflash_tree_steps_total", labels) == 1
+    assert reg.get_sample_value("dflash_tree_extra_tokens_total", labels) == 2
+    assert reg.get_sample_value("dflash_draft_tokens_total", {"model_name": "m"}) == 2 * 7

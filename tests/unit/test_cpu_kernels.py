@@ -79,6 +79,36 @@ def test_block_attention_matches_naive(causal, window, block, prefix):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_tree_block_attention_is_plain_attention_along_each_path():
+    """A tree verify's query at node i attends to the prefix, the root, its ancestors and itself (ancestor_mask):
+    exactly the causal attention of plain decoding over the sequence prefix + root-to-node path."""
+    from sglang_ext.cpu.attention import attend, make_plan
+    from sglang_ext.tree.build import build_trees
+    from sglang_ext.tree.mask import ancestor_mask
+
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, d, slots, n = 4, 2, 8, 300, 7
+    k_cache, v_cache = torch.randn(slots, hkv, d, generator=g), torch.randn(slots, hkv, d, generator=g)
+    prefix = torch.tensor([5, 0, 12])
+    pool_idx = torch.tensor([1, 2, 0])
+    req_to_token = torch.randperm(slots, generator=g)[: 3 * 40].view(3, 40).to(torch.int32)
+    top = torch.topk(torch.log_softmax(torch.randn(3, 4, 9, generator=g), -1), 3, dim=-1)
+    trees = build_trees(top.values, top.indices, n - 1)
+    mask = ancestor_mask(trees.parent)
+    q = torch.randn(3 * n, hq, d, generator=g)
+    got = attend(make_plan(req_to_token, pool_idx, prefix, n, causal=True, tree=mask), q, k_cache, v_cache)
+    for r in range(3):
+        for i in range(n):
+            cols = mask[r, i].nonzero().flatten()  # root .. node i, in column (= depth) order
+            seq = torch.cat([req_to_token[pool_idx[r], : prefix[r]],
+                             req_to_token[pool_idx[r], prefix[r] + cols]]).long()
+            keys = k_cache[seq].repeat_interleave(hq // hkv, dim=1)
+            vals = v_cache[seq].repeat_interleave(hq // hkv, dim=1)
+            scores = torch.einsum("hd,lhd->hl", q[r * n + i], keys) / math.sqrt(d)
+            want = torch.einsum("hl,lhd->hd", scores.softmax(-1), vals)
+            torch.testing.assert_close(got[r * n + i], want, rtol=1e-5, atol=1e-5)
+
+
 # --- chain speculative sampling ---------------------------------------------------------
 
 def kernel_reference(candidates, coins, final_coins, probs, t_single=1.0, t_acc=1.0):

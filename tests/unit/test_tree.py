@@ -1,6 +1,6 @@
 """DDTree's tensor logic (sglang_ext/tree/) against brute force on small vocabularies: the tree is the N best
 draft prefixes, parents first; the walk commits exactly the target's own choices; the mask lets a node see the
-root, its ancestors and itself only."""
+root, its ancestors and itself only; the window's reorder puts the committed path first."""
 from __future__ import annotations
 
 import itertools
@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_ext.tree.build import Trees, build_trees, prefix_count
+from sglang_ext.tree.commit import window_order
 from sglang_ext.tree.mask import ancestor_mask, positions
 from sglang_ext.tree.walk import walk
 
@@ -151,3 +152,21 @@ def test_mask_is_root_ancestors_and_self():
     pos = positions(torch.tensor([5, 0, 9]), trees.depth)
     assert pos[:, 0].tolist() == [5, 0, 9]
     assert torch.equal(pos[:, 1:] - pos[:, :1], trees.depth)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bs=st.integers(1, 4), depth=st.integers(1, 5), k=st.integers(1, 3), seed=st.integers(0, 10_000),
+       data=st.data())
+def test_window_order_puts_the_committed_path_first(bs, depth, k, seed, data):
+    logp, tokens = marginals(bs, depth, k, 6, seed)
+    trees = build_trees(logp, tokens, data.draw(st.integers(1, prefix_count(depth, k))))
+    n = trees.budget + 1
+    choice = torch.randint(0, 6, (bs, n), generator=torch.Generator().manual_seed(seed))
+    choice[:, 0] = trees.token[:, 0]  # at least one step down the tree for every request
+    accepted, path, _ = walk(trees, choice)
+    order = window_order(path, n)
+    for r in range(bs):
+        row, a = order[r].tolist(), int(accepted[r])
+        assert sorted(row) == list(range(n))  # a permutation: every slot stays with the request
+        assert row[: a + 1] == [0] + [1 + int(p) for p in path[r, :a]]  # root, then the path's columns
+        assert row[a + 1:] == sorted(row[a + 1:])  # the rest in column order

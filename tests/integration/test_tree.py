@@ -1,0 +1,93 @@
+"""DDTree tree verification (speculative.adaptive.tree_budget) through real CPU servers: greedy output equals plain
+decoding at every budget and across chain/tree/width-1 transitions, sampling keeps the target's distribution, the
+KV a tree step leaves is the KV plain decoding would have written, and the metrics show the trees at work.
+
+Its own module so its servers stop when it ends (a server costs ~3 GB)."""
+from __future__ import annotations
+
+import pytest
+
+from harness.server import http_json
+from tests.conftest import PROMPTS
+from tests.integration.test_adaptive import adaptive_config, by_label, delta, scrape
+from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
+    ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue, plain_greedy, prompt_ids)
+
+pytestmark = pytest.mark.server
+# tree steps, chain steps at other widths and speculation off (width 1, deferred draft-KV appends) in one cycle
+SWITCHES = [16, 1, 1, 16, 4, 16, 16, 1, 8]
+
+
+@pytest.fixture(scope="module")
+def tree_server(module_server_factory, tiny_pair):
+    """Every step a tree of 15 draft prefixes: the same 16-slot verify as chain width 16."""
+    return module_server_factory(adaptive_config(tiny_pair, mode="fixed", fixed_block=16, tree_budget=15), "tree15")
+
+
+@pytest.fixture(scope="module")
+def switching_tree_server(module_server_factory, tiny_pair):
+    """A small tree (budget 5) at width 16, chains at 4 and 8, speculation off at 1 -- one width per step."""
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 4, 8, 16], cycle_pattern=SWITCHES, tree_budget=5)
+    return module_server_factory(cfg, "tree5-cycle")
+
+
+def test_tree_greedy_equals_plain(tree_server, switching_tree_server, plain_greedy, prompt_ids):
+    for server in (tree_server, switching_tree_server):
+        before = scrape(server, "dflash_tree_steps_total")
+        single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+        assert [r["output_ids"] for r in single] == plain_greedy, server.log_path.name
+        batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+        assert [r["output_ids"] for r in batched] == plain_greedy, server.log_path.name
+        assert sum(delta(scrape(server, "dflash_tree_steps_total"), before).values()) > 0, "no tree step ran"
+
+
+def test_tree_commits_more_per_step_than_the_chain_it_replaces(tree_server, dflash_server, prompt_ids):
+    """Same verify width (16 slots), same drafter forward: the best 15 prefixes commit more tokens per step than
+    upstream DFlash's greedy chain of 16 on the code prompts (deterministic: greedy, fixed prompts). A tree whose
+    path KV or draft context were misplaced would accept far less."""
+    tree = [tree_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+    chain = [dflash_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
+    per_step = [r["meta_info"]["spec_accept_length"] for r in tree]
+    chain_per_step = [r["meta_info"]["spec_accept_length"] for r in chain]
+    assert sum(per_step) > sum(chain_per_step), (per_step, chain_per_step)
+    extra = by_label(scrape(tree_server, "dflash_tree_extra_tokens_total"), "budget")
+    assert extra.get("15", 0) > 0, "no tree step committed past the greedy chain's agreement"
+
+
+def test_kv_after_tree_steps_is_plain_decodings(tree_server, plain_server, plain_greedy, prompt_ids):
+    """The committed path's KV sits at the committed positions: a new request that extends a finished one reuses its
+    cached KV (the radix cache holds prompt + output as tree steps left them) and continues exactly as plain
+    decoding does from the same text."""
+    for ids, out in zip(prompt_ids[:3], plain_greedy[:3]):
+        tree_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0)  # leaves prompt + output in the cache
+        follow = ids + out[: MAX_NEW - 4]
+        r = tree_server.generate(follow, max_new_tokens=24, temperature=0)
+        assert r["meta_info"]["cached_tokens"] > len(ids), "the continuation did not reuse the tree steps' KV"
+        assert r["output_ids"] == plain_server.generate(follow, max_new_tokens=24, temperature=0)["output_ids"]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"top_k": 8}, {"top_p": 0.8}], ids=["plain", "top_k", "top_p"])
+def test_tree_sampling_is_lossless(tree_server, plain_server, tokenizer, sampling):
+    """Two-sample chi-square of the 2nd and 3rd tokens, as the chain's test (test_lossless.py: alpha 1e-3 per
+    position, false-failure rate <= 2e-3 per run)."""
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    spec, accept = _sample_tokens(tree_server, ids, SAMPLES, **sampling)
+    base, _ = _sample_tokens(plain_server, ids, SAMPLES, **sampling)
+    assert sum(accept) / len(accept) > 1.05, "no draft accepted: the test would not exercise the tree walk"
+    for pos in (1, 2):
+        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        assert p > ALPHA, f"token {pos + 1} distribution differs between tree verify and plain (p={p:.2e})"
+
+
+def test_requests_a_tree_cannot_serve_verify_the_chain(tree_server, plain_greedy, prompt_ids):
+    """Logprobs are reported per chain row: such a batch verifies the chain that step, with the same output."""
+    before = by_label(scrape(tree_server, "dflash_block_size_steps_total"), "block_size")
+    trees_before = scrape(tree_server, "dflash_tree_steps_total")
+    body = {"input_ids": prompt_ids[0], "return_logprob": True,
+            "sampling_params": {"ignore_eos": True, "max_new_tokens": MAX_NEW, "temperature": 0}}
+    r = http_json(f"{tree_server.url}/generate", body)
+    assert r["output_ids"] == plain_greedy[0]
+    assert len(r["meta_info"]["output_token_logprobs"]) == MAX_NEW
+    steps = delta(by_label(scrape(tree_server, "dflash_block_size_steps_total"), "block_size"), before)
+    assert steps.get("16", 0) > 0
+    assert sum(delta(scrape(tree_server, "dflash_tree_steps_total"), trees_before).values()) == 0
