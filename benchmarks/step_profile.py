@@ -50,6 +50,8 @@ from sglang_ext import names  # noqa: E402
 # (phase, frame-name markers): a sample goes to the first phase with a marker on its stack, so nested phases
 # (the target forward inside the worker's verify, the sampler inside the forward) come before their callers
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tree build/walk", ("tree/build.py", "tree/mask.py", "tree/walk.py", "tree/commit.py", "._marginals",
+                         "._tree_choice")),
     ("draft forward", ("AdaptiveDFlashWorker._draft", "DFlashWorkerV2._run_draft", "DFlashWorkerV2._draft")),
     ("draft-KV append", ("_append_target_hidden_to_draft_kv", "_flush_deferred_append")),
     ("accept/sample", ("_accept_block", "Sampler.forward", "_accept_width1")),
@@ -72,13 +74,18 @@ CONFIGS = {
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
+    # DDTree: every step a tree of 15 (the same 16-slot verify as width 16) or 7 draft prefixes
+    "adaptive-tree15": {"speculative": {"algorithm": "dflash_adaptive",
+                                        "adaptive": {"mode": "fixed", "fixed_block": 16, "tree_budget": 15}}},
+    "adaptive-tree7": {"speculative": {"algorithm": "dflash_adaptive",
+                                       "adaptive": {"mode": "fixed", "fixed_block": 16, "tree_budget": 7}}},
 }
 # the same width drafting the full block on CPU too (as on GPU): the reference prefix drafts are measured against
 FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
 for _w in (4, 8):
     CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
 ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
-ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full")
+ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree15", "adaptive-tree7")
 
 
 BEFORE = "@before"

@@ -27,6 +27,9 @@ from sglang_ext import names as env
 from sglang_ext.controller.config import ControllerConfig
 
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+# the widest tree window, in drafter blocks: 4 x 16 = 64 slots (DDTree's gains flatten past this on a 16-block
+# drafter while the verify keeps growing)
+TREE_WINDOW_BLOCKS = 4
 
 
 def _read_json(environ: Mapping[str, str], name: str) -> Mapping[str, Any] | None:
@@ -53,9 +56,9 @@ class AdaptiveSettings:
     learn_costs: refine the cost table online from measured step times (off = the profile is the truth: for
         operators who profiled offline, and for tests that need a known cost landscape).
     tree_budget: DDTree verification (worker.py, sglang_ext/tree/): a step the controller verifies at the
-        drafter's full block B verifies instead the ``tree_budget`` most likely draft prefixes as a tree, root
-        included in the same B-slot window (so 1..B - 1; the window is what the scheduler reserves per step).
-        None = chain verification only.
+        drafter's full block B verifies instead the ``tree_budget`` most likely draft prefixes as a tree, its root
+        the step's anchor: 1 + tree_budget KV slots per request (1..4B - 1; past B - 1 the scheduler reserves the
+        wider window, patches/dflash_headroom.py). None = chain verification only.
     """
 
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -64,11 +67,12 @@ class AdaptiveSettings:
     tree_budget: int | None = None
 
     def check_tree_budget(self, max_block: int) -> None:
-        """The budget against the drafter's block: 1 + budget nodes must fit the step's B-slot KV window."""
+        """The budget against the drafter's block: 1 + budget nodes in at most TREE_WINDOW_BLOCKS blocks."""
         n = self.tree_budget
-        if n is not None and not 1 <= n <= max_block - 1:
-            raise ValueError(f"tree_budget: must be in 1..{max_block - 1} for a drafter of block {max_block} (the "
-                             f"tree and its root share the step's {max_block}-slot KV window), got {n}")
+        if n is not None and not 1 <= n <= TREE_WINDOW_BLOCKS * max_block - 1:
+            raise ValueError(f"tree_budget: must be in 1..{TREE_WINDOW_BLOCKS * max_block - 1} for a drafter of "
+                             f"block {max_block} (a tree and its root take at most {TREE_WINDOW_BLOCKS} blocks of KV "
+                             f"slots per request and step), got {n}")
 
     def controller_in_use(self) -> ControllerConfig:
         """The controller's config as the worker runs it: without cost learning, exploring would only measure

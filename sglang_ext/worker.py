@@ -18,8 +18,17 @@ Each decode step:
      one batched pass before anything can read the draft KV (the next draft, any non-decode forward), before a
      request leaves the batch (its slots may be handed on), or after DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
      acceptance after drafting resumes is what it would have been had drafting never paused.
+  5. DDTree (``speculative.adaptive.tree_budget`` N, CPU): a step at the full width B verifies a tree instead of the
+     chain -- one full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most
+     likely prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
+     (the CPU attention reads it from DFlashVerifyInput.custom_mask), the target's choice at every node walked from
+     the root (tree/walk.py: greedy or sampled, lossless either way), then the window's req_to_token entries
+     reordered so the committed path's KV sits at the committed positions (tree/commit.py: no K/V copy) and the
+     path's target features appended to the draft KV. Batches a tree cannot serve (grammar, logprobs, per-row
+     penalties, custom logit processors, sampling masks) verify the chain that step.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
-runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized.
+runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized. A
+tree of 1 + N > B nodes has its own window and a reserve widened for it (patches/dflash_headroom.py).
 
 This module is the tensor path only. The bookkeeping around it -- the decision, pending steps, step times,
 feedback to the controller and Prometheus -- is controller_loop.py's (no torch, no SGLang). Feedback needs no
@@ -279,24 +288,27 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         so the committed path's KV sits at the committed positions, and append the path's target features to the
         draft KV."""
         self._flush_deferred_append()
-        n = self._tree_budget + 1
-        window = self._plan_window(batch, draft_input, bs)
+        n, B = self._tree_budget + 1, self.max_block
+        window = self._plan_window(batch, draft_input, bs) if n <= B else self._wide_window(batch, draft_input, bs, n)
         logp, top = self._draft(batch, window, bs, self.max_block, marginals_k=min(self._tree_budget, TREE_TOP_K))
         trees = build_trees(logp, top, self._tree_budget)
         drafted = top[:, :, 0].to("cpu", non_blocking=True)  # the greedy block: hindsight's evidence, as a chain
         cand = torch.cat([draft_input.bonus_tokens.view(bs, 1).to(torch.int64), trees.token], dim=1)  # [bs, n]
         positions = tree_positions(window.prefix_lens, trees.depth).reshape(-1)
+        mask = ancestor_mask(trees.parent)
         target_out, target_predict = self._verify_forward(batch, draft_input, window, cand, positions, bs,
-                                                          grammar_barrier, tree_mask=ancestor_mask(trees.parent))
+                                                          grammar_barrier, tree_mask=mask)
         logits_output = target_out.logits_output
         choice = self._tree_choice(logits_output.next_token_logits, target_predict, batch.sampling_info, cand,
                                    draft_input, bs)
-        accepted, path, bonus = walk(trees, choice)
+        accepted, path, bonus = walk(trees, choice, depth=self.max_block - 1, mask=mask)
         order = window_order(path, n)
         commit_lens = (accepted + 1).to(torch.int32)
         ordered = cand.gather(1, order)  # root, the path's tokens, then the rest
         out_tokens = torch.cat([ordered[:, 1:], ordered[:, :1]], dim=1)
         out_tokens.scatter_(1, accepted.unsqueeze(1), bonus.unsqueeze(1))  # the path's tokens, then the bonus
+        stride = min(n, B)  # the scheduler's row stride: a path is at most B - 1 deep, so B columns hold a commit
+        out_tokens = out_tokens[:, :stride].contiguous()
         # the committed positions prefix .. prefix + accepted take their nodes' slots (no K/V copy)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
@@ -320,7 +332,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
             can_run_cuda_graph=target_out.can_run_cuda_graph,
             next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=n, new_seq_lens=new_seq_lens,
+            speculative_num_draft_tokens=stride, new_seq_lens=new_seq_lens,
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output)
         self.loop.launched(LaunchedStep(rids, decision, drafted, out_tokens.to("cpu", non_blocking=True),
@@ -425,6 +437,23 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             write_virtual=loc_2d.reshape(-1), read_extent=B)
         return StepWindow(block_ids, positions_2d, loc_2d, plan, prefix_lens)
 
+    def _wide_window(self, batch, draft_input, bs: int, n: int) -> StepWindow:
+        """A tree's window of n > B slots: positions prefix .. prefix + n - 1 (the decode reserve is widened for it,
+        patches/dflash_headroom.py); the draft forward takes its first B columns, as from _plan_window's."""
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        prefix_lens = batch.seq_lens
+        positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(n, device=prefix_lens.device)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        loc = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions].to(torch.int64)
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=loc.reshape(-1), read_extent=n)
+        return StepWindow(block_ids, positions, loc, plan, prefix_lens)
+
     def _host_kv_bound(self, batch, draft_input, bs: int, width: int):
         """(seq_lens_cpu, sum): a host upper bound of each request's KV length during a width-`width` forward."""
         if batch.seq_lens_cpu is not None:
@@ -468,7 +497,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                   if upstream.enable_num_token_non_padded() else None),
             global_num_token_non_padded_cpu=bs * width, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
         window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator,
-                         cols=None if full else slice(0, width))
+                         cols=None if window.cache_loc.shape[1] == width else slice(0, width))
         with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
         if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
@@ -493,8 +522,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if shard is not None:
             weight = weight[: int(shard.num_org_elements)]
         logits = torch.matmul(hidden.to(weight.dtype), weight.T).float()
-        top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
-        return top.values, top.indices
+        top = torch.topk(logits, k, dim=-1)  # then normalise k values, not the vocabulary (log_softmax's write)
+        return top.values - torch.logsumexp(logits, dim=-1, keepdim=True), top.indices
 
     def _verify_forward(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, positions: torch.Tensor,
                         bs: int, grammar_barrier, tree_mask: torch.Tensor | None = None):

@@ -11,6 +11,12 @@ bounds for dimension 1 with size 4116` in the scheduler kills the server; on GPU
 KV mapping) or past the tensor. Found by the property-based run (tests/integration/test_reliability_serving.py);
 reproduced with builtin DFLASH and DFLASH_ADAPTIVE. The fix widens the rows by the reserve (int32 per slot: 2 *
 block + page - 1 + 4 more slots per request row, bytes).
+
+DDTree windows wider than the block (DFLASH_ADAPTIVE with ``speculative.adaptive.tree_budget`` >= B): the host's
+committed lengths lag the device by one step, which commits at most B tokens, so the 2 * B reserve guarantees B
+slots past a request's true length; a tree verify writes 1 + tree_budget. `prepare_for_decode` then reserves
+1 + tree_budget + B (its `page_aligned_decode_alloc_lens`, imported by name, is wrapped there) and the rows grow by
+the same amount. Retired by: upstream sizing DFlash's reserve (and the rows) from the verify width the worker uses.
 """
 from __future__ import annotations
 
@@ -20,11 +26,21 @@ from sglang_ext.patches.wrap import when_imported, wrap
 
 SIZING = "sglang.srt.mem_cache.allocation_sizing"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator"
+DECODE_INFO = "sglang.srt.speculative.dflash_info_v2"
+
+
+def tree_extra(num_draft_tokens: int) -> int:
+    """Slots a DDTree window needs past the 2x-block reserve (0 without trees, or for a tree that fits the block)."""
+    from sglang_ext.settings import AdaptiveSettings
+
+    budget = AdaptiveSettings.from_env().tree_budget
+    return 0 if budget is None else max(0, 1 + budget - num_draft_tokens)
 
 
 def dflash_extra(num_draft_tokens: int, page_size: int) -> int:
-    """Row headroom DFlash's decode needs: its 2x-block reserve, page rounding, and upstream's 4 spare slots."""
-    return 2 * num_draft_tokens + max(page_size, 1) - 1 + 4
+    """Row headroom DFlash's decode needs: its 2x-block reserve (and a tree window's), page rounding, and
+    upstream's 4 spare slots."""
+    return 2 * num_draft_tokens + tree_extra(num_draft_tokens) + max(page_size, 1) - 1 + 4
 
 
 def _patch_sizing(sizing: ModuleType) -> None:
@@ -54,6 +70,22 @@ def _patch_configurator(configurator: ModuleType) -> None:
     configurator.get_req_to_token_extra_context_len = sizing.get_req_to_token_extra_context_len
 
 
+def _patch_decode_reserve(info: ModuleType) -> None:
+    extra = {}
+
+    def make(original):
+        def page_aligned_decode_alloc_lens(reqs, *, reserve: int, page_size: int):
+            block = reserve // 2  # prepare_for_decode: reserve = 2 * speculative_num_draft_tokens
+            if block not in extra:
+                extra[block] = tree_extra(block)
+            return original(reqs, reserve=reserve + extra[block], page_size=page_size)
+
+        return page_aligned_decode_alloc_lens
+
+    wrap(info, "page_aligned_decode_alloc_lens", make)
+
+
 def install() -> None:
     when_imported(SIZING, _patch_sizing)
     when_imported(CONFIGURATOR, _patch_configurator)
+    when_imported(DECODE_INFO, _patch_decode_reserve)

@@ -26,9 +26,10 @@ def tree_server(module_server_factory, tiny_pair):
 
 @pytest.fixture(scope="module")
 def switching_tree_server(module_server_factory, tiny_pair):
-    """A small tree (budget 5) at width 16, chains at 4 and 8, speculation off at 1 -- one width per step."""
-    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 4, 8, 16], cycle_pattern=SWITCHES, tree_budget=5)
-    return module_server_factory(cfg, "tree5-cycle")
+    """A tree wider than the block (40 prefixes: a 41-slot window, the decode reserve widened for it) at width 16,
+    chains at 4 and 8, speculation off at 1 -- one width per step."""
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 4, 8, 16], cycle_pattern=SWITCHES, tree_budget=40)
+    return module_server_factory(cfg, "tree40-cycle")
 
 
 def test_tree_greedy_equals_plain(tree_server, switching_tree_server, plain_greedy, prompt_ids):

@@ -47,6 +47,19 @@ def test_default_cpu_config_passes_preflight():
     assert report.block_size == report.draft_block_size == 16
 
 
+def test_tree_config_is_the_default_with_tree_verification_and_passes_preflight():
+    """deploy/configs/cpu-tree.yaml serves what cpu.yaml serves, with dflash_adaptive and a tree budget."""
+    tree = yaml.safe_load((REPO / "deploy/configs/cpu-tree.yaml").read_text())
+    default = yaml.safe_load((REPO / "deploy/configs/cpu.yaml").read_text())
+    assert {k: v for k, v in tree.items() if k != "speculative"} == {k: v for k, v in default.items()
+                                                                      if k != "speculative"}
+    cfg = load_config(REPO / "deploy/configs/cpu-tree.yaml")
+    assert cfg.speculative.algorithm == "dflash_adaptive"
+    assert cfg.speculative.adaptive_settings().tree_budget == 15
+    if cfg.model.path.exists():
+        assert check(cfg).draft_block_size == 16
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "config file not found"),
     ("model: [unclosed", "invalid YAML at line 1"),
@@ -115,11 +128,11 @@ def test_block_size_larger_than_trained(tmp_path, tiny_pair):
 
 def test_a_tree_budget_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, tiny_pair):
     data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
-    data["speculative"]["adaptive"] = {"tree_budget": 16}
-    with pytest.raises(ConfigError, match=r"^speculative.adaptive.tree_budget: must be in 1..15 for a drafter of "
-                                          r"block 16 \(the tree and its root share the step's 16-slot KV window\)"):
+    data["speculative"]["adaptive"] = {"tree_budget": 64}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.tree_budget: must be in 1..63 for a drafter of "
+                                          r"block 16 \(a tree and its root take at most 4 blocks"):
         check(load_config(write(tmp_path, data)))
-    data["speculative"]["adaptive"] = {"tree_budget": 15}
+    data["speculative"]["adaptive"] = {"tree_budget": 63}
     assert check(load_config(write(tmp_path, data))).draft_block_size == 16
     data["server"] = {"device": "cuda"}
     with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget: tree verification runs on CPU only"):

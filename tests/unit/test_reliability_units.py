@@ -239,6 +239,27 @@ def test_dflash_row_headroom_covers_the_decode_reserve():
     assert dflash_headroom.dflash_extra(16, 64) == 2 * 16 + 63 + 4
 
 
+def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkeypatch):
+    """tree_budget 40 on a 16-block drafter: 41 slots past the true length, which the host sees one step (<= 16
+    tokens) late -> the decode reserve and the rows grow by 41 + 16 - 32 = 25."""
+    import types
+
+    from sglang_ext import names
+    from sglang_ext.settings import AdaptiveSettings
+
+    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(tree_budget=40).to_json())
+    assert dflash_headroom.tree_extra(16) == 25
+    assert dflash_headroom.dflash_extra(16, 1) == 36 + 25
+    seen = []
+    info = types.SimpleNamespace(page_aligned_decode_alloc_lens=lambda reqs, *, reserve, page_size: seen.append(
+        reserve))
+    dflash_headroom._patch_decode_reserve(info)
+    info.page_aligned_decode_alloc_lens([], reserve=2 * 16, page_size=1)
+    assert seen == [32 + 25]
+    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(tree_budget=15).to_json())  # fits the block: no extra
+    assert dflash_headroom.tree_extra(16) == 0
+
+
 def test_idle_gauges_are_published_on_the_first_idle_pass_after_a_busy_publish():
     calls = []
 

@@ -1,0 +1,176 @@
+"""DDTree against the chain, side by side through real servers: output tokens/s, tokens per step and step time per
+speculation shape, on both workloads of the sweep (the code mix at greedy, prose at temperature 1) and several loads.
+
+Servers, all up at once (a server costs ~3 GB), measured in turns within every round so drift hits them alike:
+  no-spec       plain decoding
+  chain16       dflash_adaptive held at verify width 16 (`fixed` mode): the chain a tree replaces
+  tree15/31/63  the same, every step a tree of 15, 31 or 63 draft prefixes (16, 32, 64 nodes with the root)
+  adaptive-tree the controller's own widths (defaults), a tree of 15 at the full width
+Per point, each round sends every server the same `users` x `--requests` chat requests (`users` at a time, EOS
+ignored, `--max-tokens` each) and times them; the point's tokens/s is the median round. Tokens per request-step
+(1 + dflash_accepted_tokens_total / dflash_verify_steps_total) and the mean step time (dflash_step_seconds) are
+metric deltas over the point.
+
+    python benchmarks/tree_throughput.py [--users 1 8 32] [--workloads code prose] [--out FILE]
+
+Prints one markdown table per workload and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.step_time import server_config  # noqa: E402
+from harness.server import ManagedServer, http_json  # noqa: E402
+from loadtest.dataset import load_prompts  # noqa: E402
+
+
+def _fixed(width: int, tree: int | None = None) -> dict:
+    adaptive = {"mode": "fixed", "fixed_block": width}
+    if tree is not None:
+        adaptive["tree_budget"] = tree
+    return {"algorithm": "dflash_adaptive", "adaptive": adaptive}
+
+
+CONFIGS = {
+    "no-spec": {"algorithm": "none"},
+    "chain16": _fixed(16),
+    "tree15": _fixed(16, 15),
+    "tree31": _fixed(16, 31),
+    "tree63": _fixed(16, 63),
+    "adaptive-tree": {"algorithm": "dflash_adaptive", "adaptive": {"tree_budget": 15}},
+}
+WORKLOADS = {"code": ("prompts/mix.jsonl", 0.0), "prose": ("prompts/prose.jsonl", 1.0)}
+SCRAPED = ("dflash_verify_steps_total", "dflash_accepted_tokens_total", "dflash_step_seconds_sum",
+           "dflash_step_seconds_count", "dflash_tree_extra_tokens_total", "sglang:generation_tokens_total")
+
+
+def scrape(server: ManagedServer) -> dict[str, float]:
+    """Each SCRAPED family summed over its series."""
+    out = dict.fromkeys(SCRAPED, 0.0)
+    for line in server.metrics().splitlines():
+        m = re.match(r"^([a-z_:]+)(\{[^}]*\})? (\S+)$", line)
+        if m and m.group(1) in out:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def chat(server: ManagedServer, messages, temperature: float, max_tokens: int) -> int:
+    body = {"model": "dflash-tiny", "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+            "ignore_eos": True}
+    return int(http_json(f"{server.url}/v1/chat/completions", body, timeout=900)["usage"]["completion_tokens"])
+
+
+def config_for(base: Path, name: str) -> dict:
+    cfg = server_config(base, speculative=True)
+    cfg["sglang_args"].pop("disable_radix_cache", None)  # as served: chat prompts share their template prefix
+    spec = CONFIGS[name]
+    cfg["speculative"] = ({"algorithm": "none"} if spec["algorithm"] == "none"
+                          else {**spec, "draft_model_path": cfg["speculative"]["draft_model_path"]})
+    return cfg
+
+
+def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: int, rounds: int,
+              temperature: float, max_tokens: int, log) -> dict[str, dict]:
+    before = {n: scrape(s) for n, s in servers.items()}
+    rates: dict[str, list[float]] = {n: [] for n in servers}
+    with ThreadPoolExecutor(users) as pool:
+        for r in range(rounds):
+            batch = [prompts[(r * users * requests + i) % len(prompts)] for i in range(users * requests)]
+            for name, server in servers.items():
+                t = time.perf_counter()
+                tokens = sum(pool.map(lambda m: chat(server, m, temperature, max_tokens), batch))
+                rates[name].append(tokens / (time.perf_counter() - t))
+                log(f"  round {r} {name}: {rates[name][-1]:.1f} tok/s")
+    out = {}
+    for name, server in servers.items():
+        d = {k: v - before[name][k] for k, v in scrape(server).items()}
+        steps = d["dflash_verify_steps_total"]
+        out[name] = {
+            "tokens_per_s": statistics.median(rates[name]), "rounds_tokens_per_s": rates[name],
+            "tokens_per_step": 1 + d["dflash_accepted_tokens_total"] / steps if steps else 1.0,
+            "step_ms": 1000 * d["dflash_step_seconds_sum"] / d["dflash_step_seconds_count"]
+            if d["dflash_step_seconds_count"] else None,
+            "tree_extra_per_step": d["dflash_tree_extra_tokens_total"] / steps if steps else 0.0,
+        }
+    return out
+
+
+def table(workload: str, results: dict[int, dict[str, dict]]) -> str:
+    names = list(next(iter(results.values())))
+    lines = [f"#### {workload}: output tokens/s (x chain16) / tokens per request-step / mean step ms",
+             "| users | " + " | ".join(names) + " | best | adaptive-tree / best |",
+             "|---:|" + "---|" * (len(names) + 2)]
+    for users, point in results.items():
+        chain = point["chain16"]["tokens_per_s"]
+        cells = []
+        for n in names:
+            p = point[n]
+            step = "-" if p["step_ms"] is None else f"{p['step_ms']:.1f}"
+            cells.append(f"{p['tokens_per_s']:.0f} ({p['tokens_per_s'] / chain:.2f}x) / {p['tokens_per_step']:.2f}"
+                         f" / {step}")
+        singles = {n: point[n]["tokens_per_s"] for n in names if n != "adaptive-tree"}
+        best = max(singles, key=singles.get)
+        lines.append(f"| {users} | " + " | ".join(cells) +
+                     f" | {best} | {point['adaptive-tree']['tokens_per_s'] / singles[best]:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--users", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=2, help="requests per user per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/tree_throughput_cpu.json")
+    a = p.parse_args(argv)
+    if "chain16" not in a.configs or "adaptive-tree" not in a.configs:
+        p.error("--configs must include chain16 and adaptive-tree (the table's references)")
+
+    def log(msg: str) -> None:
+        print(f"[tree] {msg}", file=sys.stderr, flush=True)
+
+    results: dict[str, dict[int, dict]] = {}
+
+    def save() -> None:  # after every point: a long run interrupted keeps what it measured
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+                                     "results": results}, indent=1))
+
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        servers = {}
+        for i, name in enumerate(a.configs, 1):
+            log(f"{i}/{len(a.configs)} starting {name}")
+            servers[name] = stack.enter_context(ManagedServer(config_for(a.config, name), Path(tmp), name))
+        for workload in a.workloads:
+            path, temperature = WORKLOADS[workload]
+            prompts = load_prompts(REPO / "loadtest" / path)
+            for s in servers.values():  # warm-up: first requests pay one-off costs
+                chat(s, prompts[0], temperature, 16)
+            results[workload] = {}
+            for users in a.users:
+                log(f"{workload}, {users} user(s)")
+                results[workload][users] = run_point(servers, prompts, users, a.requests, a.rounds, temperature,
+                                                     a.max_tokens, log)
+                save()
+            print(table(workload, results[workload]), flush=True)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
