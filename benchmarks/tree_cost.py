@@ -1,5 +1,6 @@
 """What DDTree's per-step tensor logic costs on this machine, for a batch, at the loads and budgets the worker
-serves: the marginals (top-K of the drafter's logits and their normalisation, after the LM head every draft pays),
+serves: the marginals (tree/marginals.py: top-K of the drafter's logits and their normalisation, after the LM head
+every draft pays),
 tree construction, ancestor mask, accept walk and the window's reorder (sglang_ext/tree/, worker.py _marginals).
 
 Random logits of the bundled pair's shape (15 draft positions after the anchor, its vocabulary), K = min(budget,
@@ -25,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from sglang_ext.tree.build import build_trees  # noqa: E402
 from sglang_ext.tree.commit import window_order  # noqa: E402
+from sglang_ext.tree.marginals import top_log_probs  # noqa: E402
 from sglang_ext.tree.mask import ancestor_mask  # noqa: E402
 from sglang_ext.tree.walk import walk  # noqa: E402
 
@@ -61,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in a.budgets:
             for k in sorted({min(k, n) for k in a.topk}):
                 def marginals():
-                    t = torch.topk(logits, k, dim=-1)
-                    return t.values - torch.logsumexp(logits, dim=-1, keepdim=True), t.indices
+                    return top_log_probs(logits, k)
                 values, indices = marginals()
                 trees = build_trees(values, indices, n)
                 # the target's choice after each node: the tree's first child there (else anything): deepest walk

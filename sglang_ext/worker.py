@@ -60,6 +60,7 @@ from sglang_ext.patches.verify_sampling import ORCHESTRATOR
 from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.tree.build import build_trees
 from sglang_ext.tree.commit import window_order
+from sglang_ext.tree.marginals import top_log_probs
 from sglang_ext.tree.mask import ancestor_mask
 from sglang_ext.tree.mask import positions as tree_positions
 from sglang_ext.tree.walk import walk
@@ -521,9 +522,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         shard = getattr(lm_head, "shard_indices", None)
         if shard is not None:
             weight = weight[: int(shard.num_org_elements)]
-        logits = torch.matmul(hidden.to(weight.dtype), weight.T).float()
-        top = torch.topk(logits, k, dim=-1)  # then normalise k values, not the vocabulary (log_softmax's write)
-        return top.values - torch.logsumexp(logits, dim=-1, keepdim=True), top.indices
+        return top_log_probs(torch.matmul(hidden.to(weight.dtype), weight.T), k)
 
     def _verify_forward(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, positions: torch.Tensor,
                         bs: int, grammar_barrier, tree_mask: torch.Tensor | None = None):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sglang_ext.tree.build import Trees, build_trees, prefix_count
 from sglang_ext.tree.commit import window_order
+from sglang_ext.tree.marginals import top_log_probs
 from sglang_ext.tree.mask import ancestor_mask, positions
 from sglang_ext.tree.walk import walk
 
@@ -170,3 +171,20 @@ def test_window_order_puts_the_committed_path_first(bs, depth, k, seed, data):
         assert sorted(row) == list(range(n))  # a permutation: every slot stays with the request
         assert row[: a + 1] == [0] + [1 + int(p) for p in path[r, :a]]  # root, then the path's columns
         assert row[a + 1:] == sorted(row[a + 1:])  # the rest in column order
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 700), k=st.integers(1, 40), seed=st.integers(0, 10_000),
+       ties=st.booleans())
+def test_top_log_probs_are_the_k_largest_of_log_softmax(rows, vocab, k, seed, ties):
+    """The chunked top-k (vocabularies not a multiple of the chunk, more chunks than k and fewer) against
+    torch.topk of log_softmax: the same values, distinct tokens that carry them."""
+    k = min(k, vocab)
+    logits = torch.randn(rows, 3, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+    if ties:
+        logits = logits.round()
+    logp, tokens = top_log_probs(logits, k)
+    want = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    torch.testing.assert_close(logp, want.values, rtol=0, atol=1e-5)
+    assert all(len(set(r.tolist())) == k for r in tokens.view(-1, k))
+    torch.testing.assert_close(torch.log_softmax(logits, dim=-1).gather(-1, tokens), logp, rtol=0, atol=1e-5)
