@@ -12,7 +12,8 @@ Every series carries ``model_name``. Gauges use ``multiprocess_mode="mostrecent"
 Counters (all per TP-rank-0 scheduler; ``rate()`` them):
   dflash_verify_steps_total               request-steps verified (one per request per decode step).
                                           Decode steps/s per request: rate(dflash_verify_steps_total[1m])
-  dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step).
+  dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step; a tree
+                                          step's: its nodes, tree_budget).
                                           Acceptance rate under variable width (use this, not
                                           sglang:spec_accept_rate, whose denominator assumes the full block):
                                           rate(dflash_accepted_tokens_total[1m]) / rate(dflash_draft_tokens_total[1m])

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from harness.server import http_json
-from tests.conftest import PROMPTS
 from tests.integration.test_adaptive import adaptive_config, by_label, delta, scrape
 from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
-    ALPHA, MAX_NEW, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue, plain_greedy, prompt_ids)
+    MAX_NEW, SAMPLING, SAMPLING_IDS, assert_sampling_lossless, plain_greedy, prompt_ids)
 
 pytestmark = pytest.mark.server
 # tree steps, chain steps at other widths and speculation off (width 1, deferred draft-KV appends) in one cycle
@@ -67,17 +66,10 @@ def test_kv_after_tree_steps_is_plain_decodings(tree_server, plain_server, plain
         assert r["output_ids"] == plain_server.generate(follow, max_new_tokens=24, temperature=0)["output_ids"]
 
 
-@pytest.mark.parametrize("sampling", [{}, {"top_k": 8}, {"top_p": 0.8}], ids=["plain", "top_k", "top_p"])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=SAMPLING_IDS)
 def test_tree_sampling_is_lossless(tree_server, plain_server, tokenizer, sampling):
-    """Two-sample chi-square of the 2nd and 3rd tokens, as the chain's test (test_lossless.py: alpha 1e-3 per
-    position, false-failure rate <= 2e-3 per run)."""
-    ids = tokenizer(PROMPTS[2])["input_ids"]
-    spec, accept = _sample_tokens(tree_server, ids, SAMPLES, **sampling)
-    base, _ = _sample_tokens(plain_server, ids, SAMPLES, **sampling)
-    assert sum(accept) / len(accept) > 1.05, "no draft accepted: the test would not exercise the tree walk"
-    for pos in (1, 2):
-        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
-        assert p > ALPHA, f"token {pos + 1} distribution differs between tree verify and plain (p={p:.2e})"
+    """The chain's test (test_lossless.py: alpha 1e-3 per position, false-failure rate <= 2e-3 per run) on trees."""
+    assert_sampling_lossless(tree_server, plain_server, tokenizer, sampling)
 
 
 def test_requests_a_tree_cannot_serve_verify_the_chain(tree_server, plain_greedy, prompt_ids):
