@@ -74,18 +74,18 @@ CONFIGS = {
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
-    # DDTree: every step a tree of 15 (the same 16-slot verify as width 16) or 7 draft prefixes
-    "adaptive-tree15": {"speculative": {"algorithm": "dflash_adaptive",
-                                        "adaptive": {"mode": "fixed", "fixed_block": 16, "tree_budget": 15}}},
-    "adaptive-tree7": {"speculative": {"algorithm": "dflash_adaptive",
-                                       "adaptive": {"mode": "fixed", "fixed_block": 16, "tree_budget": 7}}},
+    # DDTree: every step a tree of 16 or 31 draft prefixes (verify width 17 or 32: above the drafter's block)
+    "adaptive-tree16": {"speculative": {"algorithm": "dflash_adaptive",
+                                        "adaptive": {"mode": "fixed", "candidates": [16, 17], "fixed_block": 17}}},
+    "adaptive-tree31": {"speculative": {"algorithm": "dflash_adaptive",
+                                        "adaptive": {"mode": "fixed", "candidates": [16, 32], "fixed_block": 32}}},
 }
 # the same width drafting the full block on CPU too (as on GPU): the reference prefix drafts are measured against
 FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
 for _w in (4, 8):
     CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
 ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
-ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree15", "adaptive-tree7")
+ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree16", "adaptive-tree31")
 
 
 BEFORE = "@before"

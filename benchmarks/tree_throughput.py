@@ -2,14 +2,15 @@
 speculation shape, on both workloads of the sweep (the code mix at greedy, prose at temperature 1) and several loads.
 
 Servers, all up at once (a server costs ~3 GB), measured in turns within every round so drift hits them alike:
-  no-spec       plain decoding
-  chain16       dflash_adaptive held at verify width 16 (`fixed` mode): the chain a tree replaces
-  tree15/31/63  the same, every step a tree of 15, 31 or 63 draft prefixes (16, 32, 64 nodes with the root)
-  adaptive-tree the controller's own widths (defaults), a tree of 15 at the full width
+  no-spec         plain decoding
+  chain16         dflash_adaptive held at verify width 16 (`fixed` mode): the drafter's full chain
+  tree16/31/63    the same held at width 17, 32 or 64: every step a tree of 16, 31 or 63 draft prefixes
+  adaptive-shape  the controller picks the shape every step: chains of 1, 2, 4, 8, 16, trees of 31 and 63
+                  (deploy/configs/cpu-tree.yaml's candidates)
 Per point, each round sends every server the same `users` x `--requests` chat requests (`users` at a time, EOS
 ignored, `--max-tokens` each) and times them; the point's tokens/s is the median round. Tokens per request-step
-(1 + dflash_accepted_tokens_total / dflash_verify_steps_total) and the mean step time (dflash_step_seconds) are
-metric deltas over the point.
+(1 + dflash_accepted_tokens_total / dflash_verify_steps_total), the mean step time (dflash_step_seconds) and the
+adaptive server's share of steps per width (dflash_block_size_steps_total) are metric deltas over the point.
 
     python benchmarks/tree_throughput.py [--users 1 8 32] [--workloads code prose] [--out FILE]
 
@@ -36,33 +37,38 @@ from harness.server import ManagedServer, http_json  # noqa: E402
 from loadtest.dataset import load_prompts  # noqa: E402
 
 
-def _fixed(width: int, tree: int | None = None) -> dict:
-    adaptive = {"mode": "fixed", "fixed_block": width}
-    if tree is not None:
-        adaptive["tree_budget"] = tree
-    return {"algorithm": "dflash_adaptive", "adaptive": adaptive}
+SHAPES = [1, 2, 4, 8, 16, 32, 64]  # cpu-tree.yaml's candidates: above 16, a tree of width - 1 prefixes
+
+
+def _fixed(width: int) -> dict:
+    return {"algorithm": "dflash_adaptive", "adaptive": {"mode": "fixed", "candidates": sorted({16, width}),
+                                                         "fixed_block": width}}
 
 
 CONFIGS = {
     "no-spec": {"algorithm": "none"},
     "chain16": _fixed(16),
-    "tree15": _fixed(16, 15),
-    "tree31": _fixed(16, 31),
-    "tree63": _fixed(16, 63),
-    "adaptive-tree": {"algorithm": "dflash_adaptive", "adaptive": {"tree_budget": 15}},
+    "tree16": _fixed(17),
+    "tree31": _fixed(32),
+    "tree63": _fixed(64),
+    "adaptive-shape": {"algorithm": "dflash_adaptive", "adaptive": {"candidates": SHAPES}},
 }
+ADAPTIVE = "adaptive-shape"
 WORKLOADS = {"code": ("prompts/mix.jsonl", 0.0), "prose": ("prompts/prose.jsonl", 1.0)}
 SCRAPED = ("dflash_verify_steps_total", "dflash_accepted_tokens_total", "dflash_step_seconds_sum",
            "dflash_step_seconds_count", "dflash_tree_extra_tokens_total", "sglang:generation_tokens_total")
 
 
 def scrape(server: ManagedServer) -> dict[str, float]:
-    """Each SCRAPED family summed over its series."""
+    """Each SCRAPED family summed over its series, and the steps per width as "steps@<width>"."""
     out = dict.fromkeys(SCRAPED, 0.0)
     for line in server.metrics().splitlines():
         m = re.match(r"^([a-z_:]+)(\{[^}]*\})? (\S+)$", line)
         if m and m.group(1) in out:
             out[m.group(1)] += float(m.group(3))
+        elif m and m.group(1) == "dflash_block_size_steps_total":
+            width = re.search(r'block_size="(\d+)"', m.group(2)).group(1)
+            out[f"steps@{width}"] = out.get(f"steps@{width}", 0.0) + float(m.group(3))
     return out
 
 
@@ -95,7 +101,8 @@ def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: 
                 log(f"  round {r} {name}: {rates[name][-1]:.1f} tok/s")
     out = {}
     for name, server in servers.items():
-        d = {k: v - before[name][k] for k, v in scrape(server).items()}
+        d = {k: v - before[name].get(k, 0.0) for k, v in scrape(server).items()}
+        widths = {int(k[6:]): v for k, v in d.items() if k.startswith("steps@") and v > 0}
         steps = d["dflash_verify_steps_total"]
         out[name] = {
             "tokens_per_s": statistics.median(rates[name]), "rounds_tokens_per_s": rates[name],
@@ -103,6 +110,7 @@ def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: 
             "step_ms": 1000 * d["dflash_step_seconds_sum"] / d["dflash_step_seconds_count"]
             if d["dflash_step_seconds_count"] else None,
             "tree_extra_per_step": d["dflash_tree_extra_tokens_total"] / steps if steps else 0.0,
+            "width_share": {w: v / sum(widths.values()) for w, v in sorted(widths.items())},
         }
     return out
 
@@ -110,8 +118,8 @@ def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: 
 def table(workload: str, results: dict[int, dict[str, dict]]) -> str:
     names = list(next(iter(results.values())))
     lines = [f"#### {workload}: output tokens/s (x chain16) / tokens per request-step / mean step ms",
-             "| users | " + " | ".join(names) + " | best | adaptive-tree / best |",
-             "|---:|" + "---|" * (len(names) + 2)]
+             "| users | " + " | ".join(names) + f" | best | {ADAPTIVE} / best | {ADAPTIVE}: steps per width |",
+             "|---:|" + "---|" * (len(names) + 3)]
     for users, point in results.items():
         chain = point["chain16"]["tokens_per_s"]
         cells = []
@@ -120,10 +128,11 @@ def table(workload: str, results: dict[int, dict[str, dict]]) -> str:
             step = "-" if p["step_ms"] is None else f"{p['step_ms']:.1f}"
             cells.append(f"{p['tokens_per_s']:.0f} ({p['tokens_per_s'] / chain:.2f}x) / {p['tokens_per_step']:.2f}"
                          f" / {step}")
-        singles = {n: point[n]["tokens_per_s"] for n in names if n != "adaptive-tree"}
+        singles = {n: point[n]["tokens_per_s"] for n in names if n != ADAPTIVE}
         best = max(singles, key=singles.get)
+        mix = ", ".join(f"{w}: {100 * f:.0f} %" for w, f in point[ADAPTIVE]["width_share"].items() if f >= 0.01)
         lines.append(f"| {users} | " + " | ".join(cells) +
-                     f" | {best} | {point['adaptive-tree']['tokens_per_s'] / singles[best]:.2f} |")
+                     f" | {best} | {point[ADAPTIVE]['tokens_per_s'] / singles[best]:.2f} | {mix} |")
     return "\n".join(lines)
 
 
@@ -138,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/tree_throughput_cpu.json")
     a = p.parse_args(argv)
-    if "chain16" not in a.configs or "adaptive-tree" not in a.configs:
-        p.error("--configs must include chain16 and adaptive-tree (the table's references)")
+    if "chain16" not in a.configs or ADAPTIVE not in a.configs:
+        p.error(f"--configs must include chain16 and {ADAPTIVE} (the table's references)")
 
     def log(msg: str) -> None:
         print(f"[tree] {msg}", file=sys.stderr, flush=True)

@@ -128,16 +128,13 @@ class _AdaptiveExtras(_Strict):
     cost_profile: ConfigPath | None = Field(
         None, description="Step-cost profile JSON (measured table or roofline); default: packaged H200 roofline.")
     learn_costs: bool = Field(True, description="Refine the cost table from measured step times.")
-    tree_budget: int | None = Field(
-        None, ge=1, description="DDTree: steps at the drafter's full block verify this many draft prefixes as a "
-                                "tree (1..block - 1, CPU only); default: chain verification.")
     _settings: AdaptiveSettings = PrivateAttr()
 
     @model_validator(mode="after")
     def _build_settings(self):
         controller = ControllerConfig.from_dict({name: getattr(self, name) for name in CONTROLLER_KEYS})
         self._settings = AdaptiveSettings(controller, None if self.cost_profile is None else str(self.cost_profile),
-                                          self.learn_costs, self.tree_budget)
+                                          self.learn_costs)
         return self
 
     @property
@@ -223,15 +220,6 @@ class ServeConfig(_Strict):
         default_factory=dict,
         description="Other `sglang serve` arguments by their flag name without dashes "
                     "(e.g. chunked_prefill_size: 512); validated against SGLang's parser.")
-
-    @model_validator(mode="after")
-    def _tree_on_cpu(self):
-        adaptive = self.speculative.adaptive
-        if adaptive is not None and adaptive.tree_budget is not None and self.server.device != Device.cpu:
-            raise ValueError("speculative.adaptive.tree_budget: tree verification runs on CPU only in this release "
-                             "(its GPU attention mask and CUDA graphs are not built); unset it for device "
-                             f"{self.server.device.value}")
-        return self
 
 
 def _format(err: ValidationError) -> str:

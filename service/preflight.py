@@ -106,7 +106,7 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
     if spec.algorithm == "dflash_adaptive":
-        _check_adaptive(spec, draft_block)
+        _check_adaptive(spec, draft_block, config.server.device.value, int(config.sglang_args.get("tp_size") or 1))
     fc = _safetensors_shapes(where).get("fc.weight")
     if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
@@ -114,16 +114,22 @@ def check(config: ServeConfig) -> PreflightReport:
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
 
 
-def _check_adaptive(spec, draft_block: int) -> None:
-    """The controller settings against the drafter (widths <= its block) and the cost profile (loadable)."""
+def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
+    """The controller settings against the drafter (widths <= 4x its block; trees above it on CPU without tensor
+    parallelism) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
     settings = spec.adaptive_settings()
-    try:  # the one rule for widths (and tree budgets), the same calls the worker makes at start-up
+    try:  # the one rule for widths, the same call the worker makes at start-up
         settings.controller.check_against_max_block(draft_block)
-        settings.check_tree_budget(draft_block)
     except ValueError as e:
         raise ConfigError(f"speculative.adaptive.{e}") from None
+    trees = settings.controller.tree_widths(draft_block)
+    if trees and (device != "cpu" or tp_size != 1):
+        why = (f"runs on CPU only in this release (its GPU attention mask and CUDA graphs are not built), not device "
+               f"{device}" if device != "cpu" else f"needs tensor parallel size 1, not {tp_size}")
+        raise ConfigError(f"speculative.adaptive.candidates: widths {list(trees)} are above the drafter's block "
+                          f"{draft_block}, so they verify a DDTree, which {why}; use widths up to {draft_block}")
     if settings.cost_profile is not None:
         path = settings.cost_profile
         if not Path(path).is_file():

@@ -6,8 +6,9 @@ what a step cost, what the controller and Prometheus are told -- and changes whe
 runs and is tested without SGLang or torch (tests/unit/test_controller_loop.py).
 
 Contract (the worker calls, in this order per decode step):
-  * ``begin_decode(rids, now)`` -> ``Decision``: credits the start-to-start interval that just ended to the decode
-    step it measures (see "Step times") and asks the controller for this step's width;
+  * ``begin_decode(rids, now, trees)`` -> ``Decision``: credits the start-to-start interval that just ended to the
+    decode step it measures (see "Step times") and asks the controller for this step's width (``trees`` False:
+    the batch cannot verify a tree);
   * ``launched(step)``: the step is on its way; its host copies (``drafted``, ``committed``) are read only in
     ``complete``, after SGLang's copy-done sync;
   * ``complete(accepted, batch_size)``: SGLang's ``on_verify_complete_cpu``, in launch order; feeds acceptance,
@@ -59,7 +60,7 @@ class Metrics(Protocol):
                     predicted_goodput: float) -> None: ...
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
-                     table: np.ndarray) -> None: ...
+                     table: np.ndarray, tree_gain: np.ndarray | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ class LaunchedStep:
     rids: list[str]
     decision: Decision
     drafted: HostArray | None  # [bs, B - 1] drafted block; None unless the step drafted the full block
-    committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request (a tree step: [bs, 1 + budget])
-    tree_budget: int | None = None  # the step verified a tree of this many draft prefixes (drafted: its greedy chain)
+    committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request (a tree step: [bs, B])
+    tree_path: HostArray | None = None  # a tree step (width > B): [bs, B - 1] walked node indices, -1 past the end
+    # (drafted: the tree's greedy chain)
 
 
 class ControllerLoop:
@@ -114,11 +116,11 @@ class ControllerLoop:
         return self.controller.candidates
 
     # -- launch side -------------------------------------------------------------------------------------------
-    def begin_decode(self, rids: list[str], now: float) -> Decision:
+    def begin_decode(self, rids: list[str], now: float, trees: bool = True) -> Decision:
         window = self._launches
         if len(window) == window.maxlen and all(s is not None for s in window):
             self._record_step_time(now - window[-1].start, window[0])
-        decision = self.controller.decide(rids)
+        decision = self.controller.decide(rids, trees)
         window.append(StepStart(now, len(rids), decision))
         return decision
 
@@ -173,6 +175,14 @@ class ControllerLoop:
         ctl.observe_step(step.rids, d.block_size, accepted,
                          None if step.drafted is None else step.drafted.numpy(),
                          [row[: a + 1] for row, a in zip(committed, accepted)])
+        extra, budget = 0, None
+        if step.tree_path is not None:
+            ctl.observe_tree(d.block_size, step.rids, step.tree_path.numpy())
+            # for the metric: the tokens past the point where the path left the greedy draft
+            drafted = step.drafted.numpy()
+            w = min(drafted.shape[1], committed.shape[1])
+            chain = np.minimum((drafted[:, :w] == committed[:, :w]).cumprod(axis=1).sum(axis=1), accepted)
+            extra, budget = int((accepted - chain).sum()), d.block_size - 1
         for rid in step.rids:  # a request that finished while this step was in flight
             if rid in self._finished_set:
                 ctl.finish(rid)
@@ -181,15 +191,9 @@ class ControllerLoop:
             ctl.sync_cost_table(self._broadcast)
             synced = True
         if self.metrics is not None:
-            extra = 0
-            if step.tree_budget is not None:  # past the chain: tokens beyond the greedy draft's agreement
-                drafted = step.drafted.numpy()
-                w = min(drafted.shape[1], committed.shape[1])
-                agree = (drafted[:, :w] == committed[:, :w]).cumprod(axis=1).sum(axis=1)
-                extra = int((accepted - np.minimum(agree, accepted)).sum())
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
                                      predicted_goodput=d.predicted_goodput, probe=d.probe,
-                                     tree_budget=step.tree_budget, tree_extra=extra)
+                                     tree_budget=budget, tree_extra=extra)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 
@@ -197,7 +201,7 @@ class ControllerLoop:
         self._published = time.monotonic()
         cost = self.controller.cost_model
         self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
-                                  cost.block_sizes, cost.table)
+                                  cost.block_sizes, cost.table, self.controller.tree_gain.extra())
 
     def request_finished(self, rid: str) -> None:
         self.controller.finish(rid)

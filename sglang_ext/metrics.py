@@ -13,7 +13,7 @@ Counters (all per TP-rank-0 scheduler; ``rate()`` them):
   dflash_verify_steps_total               request-steps verified (one per request per decode step).
                                           Decode steps/s per request: rate(dflash_verify_steps_total[1m])
   dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step; a tree
-                                          step's: its nodes, tree_budget).
+                                          of width b: its b - 1 nodes).
                                           Acceptance rate under variable width (use this, not
                                           sglang:spec_accept_rate, whose denominator assumes the full block):
                                           rate(dflash_accepted_tokens_total[1m]) / rate(dflash_draft_tokens_total[1m])
@@ -28,7 +28,8 @@ Counters (all per TP-rank-0 scheduler; ``rate()`` them):
                                           rate(dflash_accepted_tokens_by_position_total[5m])
                                             / rate(dflash_tried_tokens_by_position_total[5m])
   dflash_block_size_steps_total{block_size}
-                                          decode steps (batches) run at verify width b. Share of steps:
+                                          decode steps (batches) run at verify width b (the step's shape: above
+                                          the drafter's block a DDTree of b - 1 prefixes). Share of steps:
                                           sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
                                             / ignoring(block_size) group_left sum(rate(dflash_block_size_steps_total[5m]))
   dflash_block_size_switches_total        decisions that changed b. Flapping: rate(dflash_block_size_switches_total[5m])
@@ -39,8 +40,8 @@ Counters (all per TP-rank-0 scheduler; ``rate()`` them):
                                           steps at each width:
                                           sum by (block_size) (rate(dflash_probe_steps_total[5m]))
                                             / sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
-  dflash_tree_steps_total{budget}         decode steps that verified a DDTree of `budget` draft prefixes (tree_budget) in
-                                          place of the full-width chain. Share of the steps:
+  dflash_tree_steps_total{budget}         decode steps that verified a DDTree of `budget` draft prefixes (verify width
+                                          budget + 1 > the drafter's block). Share of the steps:
                                           sum(rate(dflash_tree_steps_total[5m])) / sum(rate(dflash_block_size_steps_total[5m]))
   dflash_tree_extra_tokens_total{budget}  tokens tree steps committed past the point where the greedy chain of the same
                                           draft stopped agreeing (what the tree bought). Extra tokens per request-step:
@@ -53,6 +54,11 @@ Gauges:
   dflash_acceptance_probability{position} the controller's global p_j (hindsight-corrected, not censored by b).
   dflash_step_cost_seconds{batch_bucket,block_size}
                                           the active step-cost table T(B, b) the controller decides with.
+  dflash_tree_expected_extra_tokens{budget}
+                                          the controller's learned tokens per request-step a tree of `budget`
+                                          prefixes commits past chain B's (negative: the tree's budget misses the
+                                          chain's deep end); a tree is chosen when chain B's tokens plus this, over
+                                          its step cost, beat every other width.
 Histograms:
   dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
                                           (draft + verify + draft-KV append + SGLang's result processing).
@@ -72,8 +78,8 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128,
 class DFlashMetrics:
     """The worker's metric families, children pre-resolved so a step costs a few dict-free increments."""
 
-    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None,
-                 tree_budget: int | None = None) -> None:
+    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None) -> None:
+        """``candidates``: the verify widths in use (above ``max_block``: trees of width - 1 prefixes)."""
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
@@ -107,9 +113,12 @@ class DFlashMetrics:
         tree_steps = counter("dflash_tree_steps", "Decode steps that verified a DDTree", ["budget"])
         tree_extra = counter("dflash_tree_extra_tokens", "Tokens tree steps committed past the greedy chain's agreement",
                              ["budget"])
-        budgets = [] if tree_budget is None else [int(tree_budget)]
+        budgets = [int(b) - 1 for b in candidates if b > self.max_block]
         self.tree_steps = {n: tree_steps.labels(budget=str(n), **labels) for n in budgets}
         self.tree_extra = {n: tree_extra.labels(budget=str(n), **labels) for n in budgets}
+        gain = gauge("dflash_tree_expected_extra_tokens",
+                     "Controller's learned tokens per request-step a tree commits past chain B's", ["budget"])
+        self.tree_gain = [gain.labels(budget=str(n), **labels) for n in budgets]
         self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
         self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
                              "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
@@ -128,22 +137,24 @@ class DFlashMetrics:
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
         drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
-        tree of that many nodes (offered: the nodes), committing ``tree_extra`` tokens past the greedy chain's."""
+        tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
+        greedy chain's."""
         b = int(block_size)
         if probe:
             self.probes[b].inc()
         n = int(accepted.shape[0])
         total = int(accepted.sum())
         self.verify_steps.inc(n)
-        self.draft_tokens.inc(n * (b - 1 if tree_budget is None else int(tree_budget)))
+        self.draft_tokens.inc(n * (b - 1))
         if tree_budget is not None:
             self.tree_steps[int(tree_budget)].inc()
             self.tree_extra[int(tree_budget)].inc(int(tree_extra))
         self.accepted.inc(total)
-        if b > 1:
+        top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
+        if top > 1:
             # at_least[j] = requests with accepted >= j: accepted at position j, and tried at position j + 1
-            at_least = np.cumsum(np.bincount(accepted, minlength=b)[::-1])[::-1]
-            for j in range(1, b):
+            at_least = np.cumsum(np.bincount(accepted, minlength=top)[::-1])[::-1]
+            for j in range(1, top):
                 self.tried_by_pos[j - 1].inc(int(at_least[j - 1]))
                 if at_least[j]:
                     self.accepted_by_pos[j - 1].inc(int(at_least[j]))
@@ -157,9 +168,12 @@ class DFlashMetrics:
                 self.committed.observe(k)
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
-                     table: np.ndarray) -> None:
-        """The controller's model: global p_j and the active cost table (after every cost-table sync)."""
+                     table: np.ndarray, tree_gain: np.ndarray | None = None) -> None:
+        """The controller's model: global p_j, the active cost table and the trees' learned gain (after every
+        cost-table sync)."""
         for g, v in zip(self.p, acceptance):
+            g.set(float(v))
+        for g, v in zip(self.tree_gain, () if tree_gain is None else tree_gain):
             g.set(float(v))
         for i, bb in enumerate(batch_buckets):
             for k, b in enumerate(block_sizes):

@@ -27,9 +27,6 @@ from sglang_ext import names as env
 from sglang_ext.controller.config import ControllerConfig
 
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
-# the widest tree window, in drafter blocks: 4 x 16 = 64 slots (DDTree's gains flatten past this on a 16-block
-# drafter while the verify keeps growing)
-TREE_WINDOW_BLOCKS = 4
 
 
 def _read_json(environ: Mapping[str, str], name: str) -> Mapping[str, Any] | None:
@@ -55,24 +52,12 @@ class AdaptiveSettings:
         The preflight has loaded it once; the worker loads it for real.
     learn_costs: refine the cost table online from measured step times (off = the profile is the truth: for
         operators who profiled offline, and for tests that need a known cost landscape).
-    tree_budget: DDTree verification (worker.py, sglang_ext/tree/): a step the controller verifies at the
-        drafter's full block B verifies instead the ``tree_budget`` most likely draft prefixes as a tree, its root
-        the step's anchor: 1 + tree_budget KV slots per request (1..4B - 1; past B - 1 the scheduler reserves the
-        wider window, patches/dflash_headroom.py). None = chain verification only.
+    DDTree verification is a controller candidate: a width above the drafter's block (controller/config.py).
     """
 
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     cost_profile: str | None = None
     learn_costs: bool = True
-    tree_budget: int | None = None
-
-    def check_tree_budget(self, max_block: int) -> None:
-        """The budget against the drafter's block: 1 + budget nodes in at most TREE_WINDOW_BLOCKS blocks."""
-        n = self.tree_budget
-        if n is not None and not 1 <= n <= TREE_WINDOW_BLOCKS * max_block - 1:
-            raise ValueError(f"tree_budget: must be in 1..{TREE_WINDOW_BLOCKS * max_block - 1} for a drafter of "
-                             f"block {max_block} (a tree and its root take at most {TREE_WINDOW_BLOCKS} blocks of KV "
-                             f"slots per request and step), got {n}")
 
     def controller_in_use(self) -> ControllerConfig:
         """The controller's config as the worker runs it: without cost learning, exploring would only measure
@@ -83,11 +68,11 @@ class AdaptiveSettings:
 
     def to_json(self) -> str:
         return json.dumps({"controller": self.controller.to_dict(), "cost_profile": self.cost_profile,
-                           "learn_costs": self.learn_costs, "tree_budget": self.tree_budget})
+                           "learn_costs": self.learn_costs})
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> "AdaptiveSettings":
-        unknown = sorted(set(d) - {"controller", "cost_profile", "learn_costs", "tree_budget"})
+        unknown = sorted(set(d) - {"controller", "cost_profile", "learn_costs"})
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown adaptive setting")
         profile = d.get("cost_profile")
@@ -96,10 +81,7 @@ class AdaptiveSettings:
         learn = d.get("learn_costs", True)
         if not isinstance(learn, bool):
             raise ValueError(f"learn_costs: must be true or false, got {learn!r}")
-        tree = d.get("tree_budget")
-        if tree is not None and (not isinstance(tree, int) or isinstance(tree, bool) or tree < 1):
-            raise ValueError(f"tree_budget: must be a positive integer or null, got {tree!r}")
-        return cls(ControllerConfig.from_dict(d.get("controller") or {}), profile, learn, tree)
+        return cls(ControllerConfig.from_dict(d.get("controller") or {}), profile, learn)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AdaptiveSettings":

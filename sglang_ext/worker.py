@@ -18,14 +18,15 @@ Each decode step:
      one batched pass before anything can read the draft KV (the next draft, any non-decode forward), before a
      request leaves the batch (its slots may be handed on), or after DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
      acceptance after drafting resumes is what it would have been had drafting never paused.
-  5. DDTree (``speculative.adaptive.tree_budget`` N, CPU): a step at the full width B verifies a tree instead of the
-     chain -- one full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most
+  5. DDTree (a candidate width w > B, CPU): the step verifies a tree of N = w - 1 nodes instead of a chain -- one
+     full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most
      likely prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
      (the CPU attention reads it from DFlashVerifyInput.custom_mask), the target's choice at every node walked from
      the root (tree/walk.py: greedy or sampled, lossless either way), then the window's req_to_token entries
      reordered so the committed path's KV sits at the committed positions (tree/commit.py: no K/V copy) and the
-     path's target features appended to the draft KV. Batches a tree cannot serve (grammar, logprobs, per-row
-     penalties, custom logit processors, sampling masks) verify the chain that step.
+     path's target features appended to the draft KV; the path goes back to the controller, which learns from it
+     what every narrower tree would have committed (controller/tree_gain.py). Batches a tree cannot serve
+     (grammar, logprobs, per-row penalties, custom logit processors, sampling masks) are decided without trees.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized. A
 tree of 1 + N > B nodes has its own window and a reserve widened for it (patches/dflash_headroom.py).
@@ -107,8 +108,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             from sglang_ext.metrics import DFlashMetrics
 
             cands = settings.controller.candidates_for(self.max_block)
-            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands,
-                                    tree_budget=settings.tree_budget)
+            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
         # see the module docstring, step 2
         self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
         self._draft_spec_info_by_width = {self.max_block: self._draft_block_spec_info}
@@ -121,7 +121,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         except ValueError as e:  # the preflight's rule, for a server started without dflash-serve
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
-        self._tree_budget = self._checked_tree_budget(settings, int(group.world_size))
+        self._trees = self._checked_trees(settings, int(group.world_size))
         self._deferred: list[DeferredAppend] = []
         self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
@@ -147,20 +147,20 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if upstream.get_parallel().attn_dp_enabled:
             raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
 
-    def _checked_tree_budget(self, settings: AdaptiveSettings, tp_size: int) -> int | None:
-        if settings.tree_budget is None:
-            return None
-        try:
-            settings.check_tree_budget(self.max_block)
-        except ValueError as e:
-            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
+    def _checked_trees(self, settings: AdaptiveSettings, tp_size: int) -> bool:
+        """Whether any candidate width verifies a tree; refused where trees are not built (the preflight's rule)."""
+        widths = settings.controller.tree_widths(self.max_block)
+        if not widths:
+            return False
+        fix = f"use candidate widths up to the drafter's block {self.max_block}"
         if torch.device(self.device).type != "cpu":
-            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.tree_budget: tree verification runs on CPU only "
-                             "in this release (its GPU attention mask and CUDA graphs are not built); unset it")
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
+                             f"which runs on CPU only in this release (its GPU attention mask and CUDA graphs are "
+                             f"not built); {fix}")
         if tp_size != 1:
-            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.tree_budget: tree verification needs tensor "
-                             "parallel size 1 (the draft marginals read the whole LM head); unset it")
-        return settings.tree_budget
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
+                             f"which needs tensor parallel size 1 (the draft marginals read the whole LM head); {fix}")
+        return True
 
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
@@ -237,7 +237,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                                     pp_proxy_tensors=pp_proxy_tensors)
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
-        decision = self.loop.begin_decode(rids, now)
+        decision = self.loop.begin_decode(rids, now, trees=self._trees and self._tree_serves(batch))
         self._verify_runtimes.activate(decision.block_size)
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 
@@ -251,7 +251,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         bs, B, b = len(batch.seq_lens), self.max_block, decision.block_size
         if b == 1 and not decision.draft_full:
             return self._decode_width1(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
-        if b == B and self._tree_budget is not None and self._tree_serves(batch):
+        if b > B:
             return self._decode_tree(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
         self._flush_deferred_append()  # the draft reads its KV: it must hold every committed token
         window = self._plan_window(batch, draft_input, bs)
@@ -284,15 +284,14 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def _decode_tree(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish,
                      grammar_barrier):
         """A DDTree step (module docstring, step 5): draft the full block once and keep its top-k marginals, build
-        the ``tree_budget`` most likely prefixes, verify root + tree in the first n = 1 + budget slots of the
-        window under the ancestor mask, walk the target's choices, then reorder the window's slots in req_to_token
+        the n - 1 most likely prefixes (n = the decision's width), verify root + tree in n slots under the ancestor mask, walk the target's choices, then reorder the window's slots in req_to_token
         so the committed path's KV sits at the committed positions, and append the path's target features to the
         draft KV."""
         self._flush_deferred_append()
-        n, B = self._tree_budget + 1, self.max_block
-        window = self._plan_window(batch, draft_input, bs) if n <= B else self._wide_window(batch, draft_input, bs, n)
-        logp, top = self._draft(batch, window, bs, self.max_block, marginals_k=min(self._tree_budget, TREE_TOP_K))
-        trees = build_trees(logp, top, self._tree_budget)
+        n, B = decision.block_size, self.max_block
+        window = self._wide_window(batch, draft_input, bs, n)
+        logp, top = self._draft(batch, window, bs, self.max_block, marginals_k=min(n - 1, TREE_TOP_K))
+        trees = build_trees(logp, top, n - 1)
         drafted = top[:, :, 0].to("cpu", non_blocking=True)  # the greedy block: hindsight's evidence, as a chain
         cand = torch.cat([draft_input.bonus_tokens.view(bs, 1).to(torch.int64), trees.token], dim=1)  # [bs, n]
         positions = tree_positions(window.prefix_lens, trees.depth).reshape(-1)
@@ -337,7 +336,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output)
         self.loop.launched(LaunchedStep(rids, decision, drafted, out_tokens.to("cpu", non_blocking=True),
-                                        tree_budget=self._tree_budget))
+                                        tree_path=path.to("cpu", non_blocking=True)))
         return result
 
     def _tree_choice(self, logits: torch.Tensor | None, target_predict: torch.Tensor | None, sampling_info,

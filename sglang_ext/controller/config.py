@@ -9,9 +9,12 @@ Contract:
   * ``from_dict(d)`` accepts plain JSON/YAML data (lists for tuples, string keys for ``schedule``) and rejects
     unknown keys, naming them.
   * Bounds that depend on the drafter (``max_block``) are checked by ``check_against_max_block``, the one rule
-    for widths: every listed candidate must be <= the drafter's trained block (refused, never dropped). The
-    service's preflight runs it with the checkpoint's block and the worker again at start-up (for `sglang serve`
-    by hand). ``candidates_for(max_block)`` is the resolved list every consumer uses.
+    for widths: every listed candidate must be <= TREE_WINDOW_BLOCKS x the drafter's trained block (refused, never
+    dropped). A width w <= max_block verifies the chain of the drafted block's first w - 1 tokens; a width
+    w > max_block verifies a DDTree of the w - 1 most likely draft prefixes (sglang_ext/tree/): w target tokens per
+    request either way, so one step-cost column per width. The service's preflight runs it with the checkpoint's
+    block and the worker again at start-up (for `sglang serve` by hand). ``candidates_for(max_block)`` is the
+    resolved list every consumer uses.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MODES = ("adaptive", "fixed", "schedule", "cycle")
+# the widest verify, in drafter blocks: a tree of at most 4 x 16 - 1 = 63 prefixes on a 16-block drafter (DDTree's
+# gains flatten past this while the verify keeps growing; benchmarks/tree_throughput.py)
+TREE_WINDOW_BLOCKS = 4
 OBJECTIVES = ("steady", "step")
 
 
@@ -46,8 +52,9 @@ class ControllerConfig:
         (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
         smallest key's entry applies). ``cycle`` walks the candidates in order (or ``cycle_pattern``), one per
         decode step: a diagnostic and test mode that exercises every width switch (never a performance setting).
-    candidates: block sizes the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
-        default) = auto: the powers of two below the drafter's trained block, and the block itself.
+    candidates: verify widths the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
+        default) = auto: the powers of two below the drafter's trained block, and the block itself. A width above
+        the drafter's block B (up to TREE_WINDOW_BLOCKS x B; CPU only) is a DDTree of width - 1 draft prefixes.
     hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
     min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size
         bucket changes: a new load level is a new situation, not noise).
@@ -192,15 +199,19 @@ class ControllerConfig:
         return tuple(auto + [max_block])
 
     def check_against_max_block(self, max_block: int) -> None:
-        """The one rule for widths: every block used must be <= the drafter's trained block (refused, never
-        silently dropped); fixed_block and the schedule's blocks must be among the resolved candidates."""
+        """The one rule for widths: every width used must be <= TREE_WINDOW_BLOCKS x the drafter's trained
+        block (above the block: a tree; refused, never silently dropped); fixed_block and the schedule's blocks
+        must be among the resolved candidates."""
         if not (_is_int(max_block) and max_block >= 1):
             _fail("max_block", f"must be an int >= 1, got {max_block!r}")
         if self.candidates is not None:
-            too_wide = [b for b in self.candidates if b > max_block]
+            widest = TREE_WINDOW_BLOCKS * max_block
+            too_wide = [b for b in self.candidates if b > widest]
             if too_wide:
-                _fail("candidates", f"{too_wide} exceed the drafter's trained block_size {max_block}; use widths in "
-                                    f"1..{max_block}, or leave candidates unset (auto)")
+                _fail("candidates", f"{too_wide} exceed {widest} = {TREE_WINDOW_BLOCKS} x the drafter's trained "
+                                    f"block_size {max_block} (widths 1..{max_block} verify a chain, "
+                                    f"{max_block + 1}..{widest} a tree of width - 1 draft prefixes); or leave "
+                                    f"candidates unset (auto)")
         cands = self.candidates_for(max_block)
         if self.fixed_block is not None and self.fixed_block not in cands:
             _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {cands} (drafter block "
@@ -212,6 +223,10 @@ class ControllerConfig:
             if blk not in cands:
                 _fail("schedule", f"block {blk} for batch size {bs} is not one of the candidates {cands} (drafter "
                                   f"block {max_block})")
+
+    def tree_widths(self, max_block: int) -> tuple[int, ...]:
+        """The candidates that verify a tree (wider than the drafter's block)."""
+        return tuple(b for b in self.candidates_for(max_block) if b > max_block)
 
     def schedule_map(self) -> dict[int, int]:
         """The schedule as a plain dict (empty when unset)."""

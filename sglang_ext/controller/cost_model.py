@@ -12,9 +12,10 @@ Two tables, on purpose (tensor-parallel determinism, see policy.py):
 
 Resolution of the learner (``export``/``resolve``):
   1. a measured cell is its EMA (the seed counts as ``seed_weight`` pseudo-measurements, then a constant weight);
-  2. an unmeasured seeded cell is its seed shifted by the mean (measured - seed) residual of its bucket (additive:
-     e.g. KV reads that grew since profiling cost the same at every b), interpolated linearly in batch size from
-     the measured buckets and held flat beyond them;
+  2. an unmeasured seeded cell is its seed shifted by its bucket's (measured - seed) residuals fitted as a line in
+     b (additive where one block is measured: e.g. KV reads that grew since profiling cost the same at every b;
+     a slope where a seed modelled for other hardware grows slower in b than this machine), interpolated linearly
+     in batch size from the measured buckets and held flat beyond them;
   3. cells with neither are interpolated linearly along batch size, then along block size, and extrapolated with
      the nearest non-negative slope;
   4. the table is projected to be non-decreasing in block size, then in batch size, by weighted isotonic
@@ -236,19 +237,45 @@ class CostModel:
         w = max(self.ema, 1.0 / (n + prior))
         self._est[i, k] = cur + w * (float(seconds) - cur)
 
+    def _residual_shift(self, resid: np.ndarray) -> np.ndarray:
+        """[buckets, blocks] shift of the seed: per bucket the measured residuals (measured - seed) as a line in the
+        block size, fitted by least squares weighted by measurements (slope >= 0; a bucket with one measured block
+        takes the slope of its neighbours), intercept and slope interpolated linearly between measured buckets and
+        held flat beyond. Why a line, not the mean: a seed modelled for other hardware has the wrong slope across
+        widths -- the packaged H200 roofline is flat in b where a CPU's verify grows linearly with it -- and a
+        constant shift then priced an unmeasured chain 16 at 8 requests from two measured tree widths (32: 45 ms,
+        64: 70 ms; seeds 10 and 17) at 51 ms against its real 33 ms, so the controller never tried it."""
+        nb = len(self.batch_buckets)
+        x = np.asarray(self.block_sizes, dtype=float)
+        slope = np.full(nb, np.nan)
+        mean_x = np.full(nb, np.nan)
+        mean_r = np.full(nb, np.nan)
+        for i in range(nb):
+            k = np.isfinite(resid[i])
+            if not k.any():
+                continue
+            wt = self._count[i, k].astype(float)
+            xs, ys = x[k], resid[i, k]
+            mean_x[i], mean_r[i] = np.average(xs, weights=wt), np.average(ys, weights=wt)
+            if np.unique(xs).size >= 2:
+                dx = xs - mean_x[i]
+                slope[i] = max(0.0, float(np.sum(wt * dx * (ys - mean_r[i])) / np.sum(wt * dx * dx)))
+        have = np.isfinite(mean_r)
+        if not have.any():
+            return np.zeros((nb, len(x)))
+        bx = np.asarray(self.batch_buckets, dtype=float)
+        fitted = np.isfinite(slope)
+        slope = np.interp(bx, bx[fitted], slope[fitted]) if fitted.any() else np.zeros(nb)
+        intercept = mean_r - slope * mean_x
+        intercept = np.interp(bx, bx[have], intercept[have])  # linear between measured buckets, flat beyond
+        return intercept[:, None] + slope[:, None] * x[None, :]
+
     def resolve(self) -> np.ndarray:
         """The learner's complete monotone table (see module docstring)."""
         measured = self._count > 0
         cells = np.where(measured, self._est, np.nan)
         resid = np.where(measured & np.isfinite(self._seed), self._est - self._seed, np.nan)
-        nres = np.isfinite(resid).sum(axis=1)
-        have = nres > 0
-        offset = np.zeros(len(self.batch_buckets))
-        if have.any():
-            mean_res = np.nansum(resid, axis=1)[have] / nres[have]
-            bx = np.asarray(self.batch_buckets, dtype=float)
-            offset = np.interp(bx, bx[have], mean_res)  # linear between measured buckets, flat beyond
-        shifted = self._seed + offset[:, None]
+        shifted = self._seed + self._residual_shift(resid)
         fill = (~measured) & np.isfinite(self._seed)
         cells[fill] = shifted[fill]
         if not np.isfinite(cells).any():

@@ -32,6 +32,14 @@ batch-size bucket changes), so noise does not make it flap.
     draft forward (~0.45 of a width-1 step on CPU): probing every 4 steps forever, where the drafter guesses a
     little (prose at temperature 1: within 0.7 of width 1, never above it), cost ~7 % of throughput. Doubling
     keeps the fast look while the evidence moves and pays ~1/32 of a draft per step once it has settled.
+  * trees: a candidate width w above the drafter's block B verifies a DDTree of w - 1 draft prefixes (worker.py).
+    Its expected tokens are chain B's plus the tree's learned gain over chain B (tree_gain.py: every tree step
+    measures, for every narrower tree at once, its tokens less the request's expected chain-B tokens -- the
+    estimate hindsight keeps exact from the committed stream, so a tree that misses the chain's deep end shows
+    the loss); its cost is its own column of the table. A batch the worker
+    cannot verify as a tree (``decide(..., trees=False)``: grammars, logprobs, penalties) runs chain B instead, as
+    its decision says, so the step time is chain B's. Why a gain over chain B rather than a model of the tree:
+    the chain's per-request acceptance already tells which requests draft well; what the tree adds is measured.
   * prefix drafts: with ``prefix_drafts`` (the worker drafts only the b positions it verifies when 1 < b < B: CPU,
     no draft CUDA graph) such a width probes too, with a full draft, on the same schedule with "a wider width" for
     "a drafted width": its own steps show acceptance only up to b - 1, the wider widths' evidence comes from the
@@ -51,13 +59,14 @@ raises on other ranks, and even on rank 0 a measurement changes nothing until th
 ``sync_cost_table`` on all ranks at the same step (``cost_sync_due`` is computed from the identical step count).
 
 Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step):
-  1. ``d = decide(request_ids)``: verify width ``d.block_size``; draft the full block iff ``d.draft_full``; else
+  1. ``d = decide(request_ids, trees)``: verify width ``d.block_size`` (above max_block: a tree; ``trees`` False:
+     the batch cannot verify a tree, so none is chosen); draft the full block iff ``d.draft_full``; else
      draft nothing at b = 1 and, with ``prefix_drafts``, only the first b positions at b > 1 (``d.probe``: a
      full draft the width alone would not have run, once every ``probe_interval`` steps so hindsight keeps learning).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
      (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``), and on rank 0
-     ``observe_step_time(bs, b, seconds, probe=d.probe)``. With overlap scheduling these arrive one
-     step late; that is fine.
+     ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, path,
+     chain_accepted)``. With overlap scheduling these arrive one step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
   4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
 """
@@ -77,6 +86,7 @@ from .config import ControllerConfig
 from .cost_model import CostModel
 from .hindsight import HindsightBuffer
 from .slots import SlotMap
+from .tree_gain import TreeGain, tree_commits
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,12 @@ class BlockSizeController:
         self._cands = np.asarray(cands, dtype=np.int64)
         self._cost_idx = np.asarray([cost.block_sizes.index(b) for b in cands], dtype=np.intp)
         self._index = {b: k for k, b in enumerate(cands)}
+        self.tree_widths: tuple[int, ...] = tuple(b for b in cands if b > self.max_block)
+        self._tree_rows = np.asarray([self._index[b] for b in self.tree_widths], dtype=np.intp)
+        self._chain_cands = np.minimum(self._cands, self.max_block)  # a tree's tokens start from chain B's
+        chains = [k for k, b in enumerate(cands) if b <= self.max_block]
+        self._widest_chain = chains[-1] if chains else None
+        self.tree_gain = TreeGain(self.tree_widths, decay=cfg.global_decay)
         self.J = self.max_block - 1
         self.slots = SlotMap(initial_capacity)
         cap = self.slots.capacity
@@ -205,7 +221,9 @@ class BlockSizeController:
         """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change."""
         bs = len(request_ids)
         slots = self._lookup(request_ids)
-        E = self.stats.expected_tokens_t(slots, self._cands)  # [candidates, bs]
+        E = self.stats.expected_tokens_t(slots, self._chain_cands)  # [candidates, bs]
+        if self._tree_rows.size:
+            E[self._tree_rows] = np.maximum(1.0, E[self._tree_rows] + self.tree_gain.extra()[:, None])
         tokens = E.sum(axis=1)
         eff = tokens
         if self.cfg.objective == "steady" and self._cur is not None and bs > 1:
@@ -213,8 +231,9 @@ class BlockSizeController:
             eff = (bs * w.sum()) / (w / E).sum(axis=1)
         return eff / self.cost_model.row(bs)[self._cost_idx], tokens
 
-    def decide(self, request_ids: Sequence[Hashable]) -> Decision:
-        """Choose this step's block size for the batch ``request_ids`` (vectorised; ~tens of µs at batch 64)."""
+    def decide(self, request_ids: Sequence[Hashable], trees: bool = True) -> Decision:
+        """Choose this step's block size for the batch ``request_ids`` (vectorised; ~tens of µs at batch 64);
+        ``trees`` False: this batch cannot verify a tree (a tree width becomes the widest chain width)."""
         bs = len(request_ids)
         version = self.cost_model.version
         if bs == 0:  # nothing to run; report the mode's block without changing any state
@@ -249,13 +268,15 @@ class BlockSizeController:
                 if may_switch and cfg.explore_margin > 0.0:
                     k = self._explore(bs, bucket, good, cur)
             self._last_bucket = bucket
+        if not trees and self._cands[k] > self.max_block and self._widest_chain is not None:
+            k = self._widest_chain
         switched = cur is not None and k != cur
         if switched:
             self.switches += 1
         self._dwell = 1 if (cur is None or switched) else self._dwell + 1
         self._cur = k
         b = int(self._cands[k])
-        draft_full = b == self.max_block or (b > 1 and not self.prefix_drafts)
+        draft_full = b >= self.max_block or (b > 1 and not self.prefix_drafts)
         probe = False
         if switched or cur is None:
             self._probe_backoff, self._probe_ratio = 0, float("inf")
@@ -326,8 +347,9 @@ class BlockSizeController:
         """
         n = len(request_ids)
         b = int(block_size)
-        if not (1 <= b <= self.max_block):
-            raise ValueError(f"block_size: must be in 1..{self.max_block}, got {block_size!r}")
+        if not (1 <= b <= self.max_block or b in self._index):
+            raise ValueError(f"block_size: must be in 1..{self.max_block} or a tree candidate {self.tree_widths}, "
+                             f"got {block_size!r}")
         acc = np.asarray(accepted, dtype=np.int64).reshape(-1)
         if acc.shape[0] != n:
             raise ValueError(f"accepted: expected {n} entries, got {acc.shape[0]}")
@@ -368,6 +390,19 @@ class BlockSizeController:
             s, a, t = self.hindsight.resolve(slots)
             self.stats.observe(s, a, t)
         self.steps_observed += 1
+
+    def observe_tree(self, width: int, request_ids: Sequence[Hashable], path: np.ndarray) -> None:
+        """Feed one tree step of width ``width`` (after its ``observe_step``): ``path`` [bs, D] the walked node
+        indices (-1 past the end). Every tree candidate no wider than ``width`` learns its gain over chain B: what
+        it would have committed, less the request's expected chain-B tokens (tree_gain.py)."""
+        if int(width) not in self.tree_widths:
+            raise ValueError(f"width: {width!r} is not a tree candidate {self.tree_widths}")
+        slots = self.slots.lookup(tuple(request_ids))
+        if not slots.all():  # slot 0: unknown
+            raise ValueError("request_ids: observe_step the tree step before observe_tree (and before finish)")
+        chain = self.stats.expected_tokens_t(slots, np.asarray([self.max_block]))[0]
+        extra = tree_commits(path, self.tree_widths) + 1.0 - chain[:, None]
+        self.tree_gain.observe(extra, np.asarray(self.tree_widths) <= int(width))
 
     def finish(self, request_id: Hashable) -> None:
         """Forget a finished/aborted request; its undecided hindsight blocks go to the global counts, censored."""

@@ -12,11 +12,11 @@ KV mapping) or past the tensor. Found by the property-based run (tests/integrati
 reproduced with builtin DFLASH and DFLASH_ADAPTIVE. The fix widens the rows by the reserve (int32 per slot: 2 *
 block + page - 1 + 4 more slots per request row, bytes).
 
-DDTree windows wider than the block (DFLASH_ADAPTIVE with ``speculative.adaptive.tree_budget`` >= B): the host's
-committed lengths lag the device by one step, which commits at most B tokens, so the 2 * B reserve guarantees B
-slots past a request's true length; a tree verify writes 1 + tree_budget. `prepare_for_decode` then reserves
-1 + tree_budget + B (its `page_aligned_decode_alloc_lens`, imported by name, is wrapped there) and the rows grow by
-the same amount. Retired by: upstream sizing DFlash's reserve (and the rows) from the verify width the worker uses.
+DDTree windows wider than the block (DFLASH_ADAPTIVE with a candidate width w > B: a tree of w - 1 prefixes): the
+host's committed lengths lag the device by one step, which commits at most B tokens, so the 2 * B reserve
+guarantees B slots past a request's true length; a tree verify writes w. `prepare_for_decode` then reserves w + B
+for the widest candidate w (its `page_aligned_decode_alloc_lens`, imported by name, is wrapped there) and the rows
+grow by the same amount. Retired by: upstream sizing DFlash's reserve (and the rows) from the verify width the worker uses.
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def tree_extra(num_draft_tokens: int) -> int:
     """Slots a DDTree window needs past the 2x-block reserve (0 without trees, or for a tree that fits the block)."""
     from sglang_ext.settings import AdaptiveSettings
 
-    budget = AdaptiveSettings.from_env().tree_budget
-    return 0 if budget is None else max(0, 1 + budget - num_draft_tokens)
+    widths = AdaptiveSettings.from_env().controller.candidates_for(num_draft_tokens)
+    return max(0, max(widths) - num_draft_tokens)
 
 
 def dflash_extra(num_draft_tokens: int, page_size: int) -> int:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 
 POSITIONS = range(1, 16)
-BLOCKS = (1, 2, 4, 8, 16)
+BLOCKS = (1, 2, 4, 8, 16, 32)  # 32: a DDTree of 31 prefixes
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 # name -> (type, extra labels); every series also carries model_name
@@ -32,6 +32,7 @@ CONTRACT = {
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
+    "dflash_tree_expected_extra_tokens": ("gauge", ("budget",)),
     "dflash_step_cost_seconds": ("gauge", ("batch_bucket", "block_size")),
     "dflash_step_seconds": ("histogram", ("block_size",)),
     "dflash_committed_tokens_per_step": ("histogram", ()),
@@ -79,7 +80,7 @@ class FakeDFlash:
         m = self.m
         batch = max(1, int(16 + 15 * math.sin(t / 4)))
         p = [0.92 * 0.97 ** j for j in range(15)]
-        best = 16 if batch < 6 else 8 if batch < 14 else 4 if batch < 24 else 2 if batch < 28 else 1
+        best = 32 if batch < 3 else 16 if batch < 6 else 8 if batch < 14 else 4 if batch < 24 else 2 if batch < 28 else 1
         if best != self.block:
             m["dflash_block_size_switches_total"].labels(**lab).inc()
             self.block = best
@@ -91,15 +92,16 @@ class FakeDFlash:
         self.steps += 1
         probe = (b == 1 and self.width1_steps % 4 == 0) or (1 < b < 16 and self.steps % 32 == 0)
         m["dflash_probe_steps_total"].labels(**lab, block_size=str(b)).inc(probe)  # width 1 every 4, others every 32
-        tree = b == 16  # tree_budget 15: the full-width steps verify a tree
-        m["dflash_tree_steps_total"].labels(**lab, budget="15").inc(tree)
-        m["dflash_tree_extra_tokens_total"].labels(**lab, budget="15").inc(self.rng.randint(0, batch) if tree else 0)
+        tree = b > 16  # a width above the drafter's block verifies a tree of b - 1 prefixes
+        m["dflash_tree_steps_total"].labels(**lab, budget="31").inc(tree)
+        m["dflash_tree_extra_tokens_total"].labels(**lab, budget="31").inc(self.rng.randint(0, batch) if tree else 0)
+        m["dflash_tree_expected_extra_tokens"].labels(**lab, budget="31").set(0.3 + 0.1 * math.sin(t))
         step_s = 0.01 + 0.0004 * batch * b
         m["dflash_step_seconds"].labels(**lab, block_size=str(b)).observe(step_s * self.rng.uniform(0.9, 1.2))
         committed_all = 0
         for _ in range(batch):
             accepted = 0
-            for j in range(b - 1):
+            for j in range(min(b, 16) - 1):
                 m["dflash_tried_tokens_by_position_total"].labels(**lab, position=str(j + 1)).inc()
                 if self.rng.random() < p[j]:
                     accepted += 1
@@ -114,7 +116,7 @@ class FakeDFlash:
         m["sglang:num_running_reqs"].labels(**lab).set(batch)
         m["sglang:generation_tokens_total"].labels(**lab).inc(committed_all)
         m["sglang:spec_verify_calls_total"].labels(**lab).inc()
-        expected = sum(math.prod(p[:k]) for k in range(b))
+        expected = sum(math.prod(p[:k]) for k in range(min(b, 16)))
         m["dflash_predicted_goodput_tokens_per_second"].labels(**lab).set(batch * expected / step_s)
         for j in POSITIONS:
             m["dflash_acceptance_probability"].labels(**lab, position=str(j)).set(p[j - 1])

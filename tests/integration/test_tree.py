@@ -1,6 +1,7 @@
-"""DDTree tree verification (speculative.adaptive.tree_budget) through real CPU servers: greedy output equals plain
-decoding at every budget and across chain/tree/width-1 transitions, sampling keeps the target's distribution, the
-KV a tree step leaves is the KV plain decoding would have written, and the metrics show the trees at work.
+"""DDTree tree verification (a candidate width above the drafter's block) through real CPU servers: greedy output
+equals plain decoding at every width and across chain/tree/width-1 transitions and under the adaptive shape,
+sampling keeps the target's distribution, the KV a tree step leaves is the KV plain decoding would have written,
+and the metrics show the trees at work.
 
 Its own module so its servers stop when it ends (a server costs ~3 GB)."""
 from __future__ import annotations
@@ -13,26 +14,36 @@ from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_
     MAX_NEW, SAMPLING, SAMPLING_IDS, assert_sampling_lossless, plain_greedy, prompt_ids)
 
 pytestmark = pytest.mark.server
-# tree steps, chain steps at other widths and speculation off (width 1, deferred draft-KV appends) in one cycle
-SWITCHES = [16, 1, 1, 16, 4, 16, 16, 1, 8]
+# tree steps (width 41: 40 prefixes), chain steps at 4, 8 and 16 and speculation off (width 1, deferred draft-KV
+# appends) in one cycle
+SWITCHES = [41, 1, 1, 41, 4, 16, 41, 1, 8, 16, 41]
 
 
 @pytest.fixture(scope="module")
 def tree_server(module_server_factory, tiny_pair):
-    """Every step a tree of 15 draft prefixes: the same 16-slot verify as chain width 16."""
-    return module_server_factory(adaptive_config(tiny_pair, mode="fixed", fixed_block=16, tree_budget=15), "tree15")
+    """Every step a tree of 31 draft prefixes (width 32: a 32-slot window, the decode reserve widened for it)."""
+    return module_server_factory(adaptive_config(tiny_pair, mode="fixed", candidates=[16, 32], fixed_block=32),
+                                 "tree31")
 
 
 @pytest.fixture(scope="module")
 def switching_tree_server(module_server_factory, tiny_pair):
-    """A tree wider than the block (40 prefixes: a 41-slot window, the decode reserve widened for it) at width 16,
-    chains at 4 and 8, speculation off at 1 -- one width per step."""
-    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 4, 8, 16], cycle_pattern=SWITCHES, tree_budget=40)
+    """One width per step: a tree of 40 prefixes, chains of 4, 8 and 16, speculation off at 1."""
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 4, 8, 16, 41], cycle_pattern=SWITCHES)
     return module_server_factory(cfg, "tree40-cycle")
 
 
-def test_tree_greedy_equals_plain(tree_server, switching_tree_server, plain_greedy, prompt_ids):
-    for server in (tree_server, switching_tree_server):
+@pytest.fixture(scope="module")
+def adaptive_shape_server(module_server_factory, tiny_pair):
+    """The controller picks the shape every step: chains of 1..16 or trees of 31 and 63 (cpu-tree.yaml's)."""
+    cfg = adaptive_config(tiny_pair, candidates=[1, 2, 4, 8, 16, 32, 64])
+    return module_server_factory(cfg, "adaptive-shape")
+
+
+def test_tree_greedy_equals_plain(tree_server, switching_tree_server, adaptive_shape_server, plain_greedy, prompt_ids):
+    """Output equals plain decoding's token for token; under the adaptive shape the controller's exploration of
+    never-measured widths runs trees too (the cost seed is a modelled roofline)."""
+    for server in (tree_server, switching_tree_server, adaptive_shape_server):
         before = scrape(server, "dflash_tree_steps_total")
         single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
         assert [r["output_ids"] for r in single] == plain_greedy, server.log_path.name
@@ -42,16 +53,16 @@ def test_tree_greedy_equals_plain(tree_server, switching_tree_server, plain_gree
 
 
 def test_tree_commits_more_per_step_than_the_chain_it_replaces(tree_server, dflash_server, prompt_ids):
-    """Same verify width (16 slots), same drafter forward: the best 15 prefixes commit more tokens per step than
-    upstream DFlash's greedy chain of 16 on the code prompts (deterministic: greedy, fixed prompts). A tree whose
-    path KV or draft context were misplaced would accept far less."""
+    """Same drafter forward: the best 31 prefixes commit more tokens per step than upstream DFlash's greedy chain
+    of 16 on the code prompts (deterministic: greedy, fixed prompts). A tree whose path KV or draft context were
+    misplaced would accept far less."""
     tree = [tree_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
     chain = [dflash_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
     per_step = [r["meta_info"]["spec_accept_length"] for r in tree]
     chain_per_step = [r["meta_info"]["spec_accept_length"] for r in chain]
     assert sum(per_step) > sum(chain_per_step), (per_step, chain_per_step)
     extra = by_label(scrape(tree_server, "dflash_tree_extra_tokens_total"), "budget")
-    assert extra.get("15", 0) > 0, "no tree step committed past the greedy chain's agreement"
+    assert extra.get("31", 0) > 0, "no tree step committed past the greedy chain's agreement"
 
 
 def test_kv_after_tree_steps_is_plain_decodings(tree_server, plain_server, plain_greedy, prompt_ids):
@@ -73,7 +84,8 @@ def test_tree_sampling_is_lossless(tree_server, plain_server, tokenizer, samplin
 
 
 def test_requests_a_tree_cannot_serve_verify_the_chain(tree_server, plain_greedy, prompt_ids):
-    """Logprobs are reported per chain row: such a batch verifies the chain that step, with the same output."""
+    """Logprobs are reported per chain row: the controller decides such a batch without trees -- chain 16 in the
+    fixed tree's place -- with the same output."""
     before = by_label(scrape(tree_server, "dflash_block_size_steps_total"), "block_size")
     trees_before = scrape(tree_server, "dflash_tree_steps_total")
     body = {"input_ids": prompt_ids[0], "return_logprob": True,

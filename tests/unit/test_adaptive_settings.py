@@ -61,7 +61,8 @@ def test_block_size_and_adaptive_section_belong_to_their_algorithms(pair):
 
 
 @pytest.mark.parametrize("adaptive, message", [
-    ({"candidates": [1, 4, 32]}, "speculative.adaptive.candidates: [32] exceed the drafter's trained block_size 16"),
+    ({"candidates": [1, 4, 80]}, "speculative.adaptive.candidates: [80] exceed 64 = 4 x the drafter's trained "
+                                 "block_size 16"),
     ({"mode": "fixed", "fixed_block": 3}, "speculative.adaptive.fixed_block: 3 is not one of the candidates "
                                           "(1, 2, 4, 8, 16)"),  # auto candidates: known once the drafter is
     ({"mode": "schedule", "schedule": {1: 16, 8: 3}}, "speculative.adaptive.schedule: block 3 for batch size 8"),
@@ -141,8 +142,8 @@ def test_dashboard_contract_is_what_the_worker_exports():
     from tests.deploy.fake_dflash import CONTRACT
 
     reg = CollectorRegistry()
-    DFlashMetrics("m", 16, (1, 2, 4, 8, 16), registry=reg, tree_budget=15).record_model(
-        np.zeros(15), [1], [1], np.ones((1, 1)))
+    DFlashMetrics("m", 16, (1, 2, 4, 8, 16, 32), registry=reg).record_model(
+        np.zeros(15), [1], [1], np.ones((1, 1)), np.zeros(1))
     exported = {}
     for family in reg.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

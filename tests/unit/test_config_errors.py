@@ -48,14 +48,15 @@ def test_default_cpu_config_passes_preflight():
 
 
 def test_tree_config_is_the_default_with_tree_verification_and_passes_preflight():
-    """deploy/configs/cpu-tree.yaml serves what cpu.yaml serves, with dflash_adaptive and a tree budget."""
+    """deploy/configs/cpu-tree.yaml serves what cpu.yaml serves, with dflash_adaptive and tree widths among its
+    candidates."""
     tree = yaml.safe_load((REPO / "deploy/configs/cpu-tree.yaml").read_text())
     default = yaml.safe_load((REPO / "deploy/configs/cpu.yaml").read_text())
     assert {k: v for k, v in tree.items() if k != "speculative"} == {k: v for k, v in default.items()
                                                                       if k != "speculative"}
     cfg = load_config(REPO / "deploy/configs/cpu-tree.yaml")
     assert cfg.speculative.algorithm == "dflash_adaptive"
-    assert cfg.speculative.adaptive_settings().tree_budget == 15
+    assert cfg.speculative.adaptive_settings().controller.tree_widths(16)
     if cfg.model.path.exists():
         assert check(cfg).draft_block_size == 16
 
@@ -126,20 +127,25 @@ def test_block_size_larger_than_trained(tmp_path, tiny_pair):
         check(load_config(write(tmp_path, data)))
 
 
-def test_a_tree_budget_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, tiny_pair):
+def test_a_tree_width_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, tiny_pair):
     data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
-    data["speculative"]["adaptive"] = {"tree_budget": 64}
-    with pytest.raises(ConfigError, match=r"^speculative.adaptive.tree_budget: must be in 1..63 for a drafter of "
-                                          r"block 16 \(a tree and its root take at most 4 blocks"):
+    data["speculative"]["adaptive"] = {"candidates": [1, 16, 65]}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: \[65\] exceed 64 = 4 x the drafter's "
+                                          r"trained block_size 16 \(widths 1..16 verify a chain, 17..64 a tree"):
         check(load_config(write(tmp_path, data)))
-    data["speculative"]["adaptive"] = {"tree_budget": 63}
+    data["speculative"]["adaptive"] = {"candidates": [1, 16, 64]}
     assert check(load_config(write(tmp_path, data))).draft_block_size == 16
     data["server"] = {"device": "cuda"}
-    with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget: tree verification runs on CPU only"):
-        load_config(write(tmp_path, data))
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: widths \[64\] are above the drafter's "
+                                          r"block 16, so they verify a DDTree, which runs on CPU only"):
+        check(load_config(write(tmp_path, data)))
     data["server"] = {}
-    data["speculative"]["adaptive"] = {"tree_budget": 0}
-    with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget: Input should be greater than or equal"):
+    data["sglang_args"] = {"tp_size": 2}
+    with pytest.raises(ConfigError, match=r"which needs tensor parallel size 1, not 2"):
+        check(load_config(write(tmp_path, data)))
+    data["sglang_args"] = {}
+    data["speculative"]["adaptive"] = {"tree_budget": 15}  # the shape of speculation is a width now
+    with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget"):
         load_config(write(tmp_path, data))
 
 

@@ -110,8 +110,8 @@ def test_cost_table_is_broadcast_from_rank0_at_the_sync_interval():
 
 
 def test_candidates_wider_than_the_drafter_are_refused_not_dropped():
-    with pytest.raises(ValueError, match=r"^candidates: \[32\] exceed"):
-        ControllerLoop(AdaptiveSettings(ControllerConfig(candidates=(1, 32))), B, is_rank0=True)
+    with pytest.raises(ValueError, match=r"^candidates: \[65\] exceed 64"):
+        ControllerLoop(AdaptiveSettings(ControllerConfig(candidates=(1, 65))), B, is_rank0=True)
 
 
 def test_without_cost_learning_the_loop_neither_learns_nor_explores():
@@ -212,20 +212,33 @@ def test_probes_are_counted_apart_from_width1_steps():
     assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12
 
 
-def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain():
+def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain_and_teach_every_narrower_tree(monkeypatch):
     """dflash_tree_extra_tokens_total: per request, the accepted tokens beyond the greedy draft's agreement with the
-    committed stream (what the tree bought over the chain of the same draft); offered drafts are the tree's nodes."""
+    committed stream (what the tree bought over the chain of the same draft); offered drafts are the tree's nodes.
+    The walked path also tells the controller what the narrower tree candidates would have accepted."""
+    import sglang_ext.controller_loop as loop_module
+
+    monkeypatch.setattr(loop_module, "MODEL_PUBLISH_SECONDS", 0.0)
     reg = CollectorRegistry()
-    cfg = ControllerConfig(mode="fixed", fixed_block=16, cost_sync_interval=1)
-    lp = ControllerLoop(AdaptiveSettings(cfg, tree_budget=7), B, is_rank0=True,
-                        metrics=DFlashMetrics("m", B, cfg.candidates_for(B), registry=reg, tree_budget=7))
+    cfg = ControllerConfig(mode="fixed", candidates=(1, 16, 20, 32), fixed_block=32, cost_sync_interval=1)
+    lp = ControllerLoop(AdaptiveSettings(cfg), B, is_rank0=True,
+                        metrics=DFlashMetrics("m", B, cfg.candidates_for(B), registry=reg))
     d = lp.begin_decode(["a", "b"], 1.0)
+    assert d.block_size == 32 and d.draft_full
     drafted = np.array([[5, 6, 7] + [0] * 12, [5, 6, 7] + [0] * 12])
     # a: the chain agreed on 1 token, the tree walked 3 (2 extra); b: the chain agreed on all 3 the tree walked
-    committed = np.array([[5, 9, 9, 4, 0, 0, 0, 0], [5, 6, 7, 4, 0, 0, 0, 0]])
-    lp.launched(LaunchedStep(["a", "b"], d, Host(drafted), Host(committed), tree_budget=7))
+    committed = np.array([[5, 9, 9, 4] + [0] * 12, [5, 6, 7, 4] + [0] * 12])
+    # a's path: nodes 0, 3, 25 (the tree of 19 prefixes holds the first two); b's: 0, 1, 2
+    path = np.array([[0, 3, 25] + [-1] * 12, [0, 1, 2] + [-1] * 12])
+    lp.launched(LaunchedStep(["a", "b"], d, Host(drafted), Host(committed), tree_path=Host(path)))
     lp.complete([3, 3], 2)
-    labels = {"model_name": "m", "budget": "7"}
+    labels = {"model_name": "m", "budget": "31"}
     assert reg.get_sample_value("dflash_tree_steps_total", labels) == 1
     assert reg.get_sample_value("dflash_tree_extra_tokens_total", labels) == 2
-    assert reg.get_sample_value("dflash_draft_tokens_total", {"model_name": "m"}) == 2 * 7
+    assert reg.get_sample_value("dflash_draft_tokens_total", {"model_name": "m"}) == 2 * 31
+    gain = lp.controller.tree_gain
+    assert gain.steps.tolist() == [1, 1]  # both tree widths measured by one step of the wider
+    # width 20 would have accepted 2 (a) and 3 (b), width 32 3 and 3: one token more over 2 request-steps, against
+    # the same expected chain tokens, shrunk by the prior of 8 request-steps
+    assert gain.extra()[1] - gain.extra()[0] == pytest.approx(1 / 10)
+    assert reg.get_sample_value("dflash_tree_expected_extra_tokens", labels) == pytest.approx(gain.extra()[1])

@@ -240,14 +240,15 @@ def test_dflash_row_headroom_covers_the_decode_reserve():
 
 
 def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkeypatch):
-    """tree_budget 40 on a 16-block drafter: 41 slots past the true length, which the host sees one step (<= 16
-    tokens) late -> the decode reserve and the rows grow by 41 + 16 - 32 = 25."""
+    """A tree of width 41 (40 prefixes) on a 16-block drafter: 41 slots past the true length, which the host sees
+    one step (<= 16 tokens) late -> the decode reserve and the rows grow by 41 + 16 - 32 = 25."""
     import types
 
     from sglang_ext import names
+    from sglang_ext.controller.config import ControllerConfig
     from sglang_ext.settings import AdaptiveSettings
 
-    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(tree_budget=40).to_json())
+    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(ControllerConfig(candidates=(1, 4, 16, 41))).to_json())
     assert dflash_headroom.tree_extra(16) == 25
     assert dflash_headroom.dflash_extra(16, 1) == 36 + 25
     seen = []
@@ -256,7 +257,7 @@ def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkey
     dflash_headroom._patch_decode_reserve(info)
     info.page_aligned_decode_alloc_lens([], reserve=2 * 16, page_size=1)
     assert seen == [32 + 25]
-    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(tree_budget=15).to_json())  # fits the block: no extra
+    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings().to_json())  # chains only: no extra
     assert dflash_headroom.tree_extra(16) == 0
 
 

@@ -131,6 +131,57 @@ def test_the_walk_commits_the_targets_choices_along_the_tree(bs, depth, k, seed,
         assert (path[r, a:] == -1).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(bs=st.integers(1, 3), depth=st.integers(1, 5), k=st.integers(1, 3), seed=st.integers(0, 10_000),
+       follow=st.floats(0.3, 1.0), data=st.data())
+def test_one_walk_tells_what_every_narrower_tree_and_the_chain_would_have_accepted(bs, depth, k, seed, follow, data):
+    """controller/tree_gain.py's claim: with the target's choice a function of the prefix (greedy, or one draw per
+    prefix), the tree of the best n prefixes -- built on its own -- accepts exactly the walked path's nodes before
+    its first node outside the first n of the wider tree; and the chain accepts the path's agreement with the
+    greedy draft while the path stays on the tree."""
+    from sglang_ext.controller.tree_gain import tree_commits
+
+    vocab = 6
+    logp, tokens = marginals(bs, depth, k, vocab, seed)  # continuous scores: no ties, so trees nest exactly
+    wide = data.draw(st.integers(1, prefix_count(depth, k)))
+    g = torch.Generator().manual_seed(seed + 7)
+    drawn: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def target(r: int, prefix: tuple[int, ...]) -> int:  # the target's choice after a prefix, fixed once drawn
+        key = (r, prefix)
+        if key not in drawn:
+            d = len(prefix)
+            greedy = d < depth and torch.rand(1, generator=g).item() < follow
+            drawn[key] = int(tokens[r, d, 0]) if greedy else int(torch.randint(vocab, (1,), generator=g))
+        return drawn[key]
+
+    def choices(trees: Trees) -> torch.Tensor:
+        out = torch.empty(bs, trees.budget + 1, dtype=torch.int64)
+        for r in range(bs):
+            out[r] = torch.tensor([target(r, ())] + [target(r, p) for p in paths(trees, r)])
+        return out
+
+    trees = build_trees(logp, tokens, wide)
+    accepted, path, _ = walk(trees, choices(trees), depth=depth)
+    widths = list(range(2, wide + 2))  # width w: the tree of w - 1 prefixes
+    predicted = tree_commits(path.numpy(), widths)
+    for w in widths:
+        narrow = build_trees(logp, tokens, w - 1)
+        assert walk(narrow, choices(narrow), depth=depth)[0].tolist() == predicted[:, w - 2].tolist()
+    chain = build_trees(logp[:, :, :1], tokens[:, :, :1], depth)  # the greedy chain is a tree of top-1 tokens
+    chain_acc = walk(chain, choices(chain), depth=depth)[0]
+    greedy = tokens[:, :, 0]
+    committed = [[int(trees.token[r, i]) for i in path[r, : int(accepted[r])]] for r in range(bs)]
+    for r in range(bs):
+        agree = 0
+        while agree < len(committed[r]) and committed[r][agree] == int(greedy[r, agree]):
+            agree += 1
+        if agree < int(accepted[r]) or int(accepted[r]) == depth:  # the path left the chain inside the tree
+            assert int(chain_acc[r]) == agree
+        else:  # the chain may go on where the tree had no node: the agreement is a lower bound
+            assert int(chain_acc[r]) >= agree
+
+
 def test_walk_refuses_a_choice_of_the_wrong_width():
     logp, tokens = marginals(1, 2, 2, 5, 0)
     with pytest.raises(ValueError, match=r"choice: expected shape \(1, 4\)"):

@@ -99,8 +99,11 @@ def test_max_block_bounds_name_the_field() -> None:
         ControllerConfig(mode="fixed", fixed_block=3).check_against_max_block(8)  # auto candidates
     with pytest.raises(ValueError, match=r"^schedule:"):
         ControllerConfig(mode="schedule", schedule={1: 16}).check_against_max_block(8)
-    with pytest.raises(ValueError, match=r"^candidates: \[16\] exceed"):  # one rule: refused, never dropped
-        ControllerConfig(candidates=(1, 4, 16)).check_against_max_block(8)
+    with pytest.raises(ValueError, match=r"^candidates: \[33\] exceed 32 = 4 x"):  # refused, never dropped
+        ControllerConfig(candidates=(1, 4, 16, 33)).check_against_max_block(8)
+    tree = ControllerConfig(candidates=(1, 4, 8, 16, 32))  # above the block: trees of 15 and 31 prefixes
+    tree.check_against_max_block(8)
+    assert tree.tree_widths(8) == (16, 32) and ControllerConfig().tree_widths(8) == ()
     with pytest.raises(ValueError, match=r"^max_block:"):
         ControllerConfig().check_against_max_block(0)
     ControllerConfig().check_against_max_block(8)

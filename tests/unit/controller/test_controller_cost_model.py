@@ -152,3 +152,24 @@ def test_evidence_travels_with_the_table() -> None:
     counts, age = b.active_evidence(8)
     assert counts.tolist() == [0, 1, 5, 0, 0]
     assert age[1] == 0 and age[2] == 1 and age[0] > 10**12
+
+
+def test_unmeasured_widths_follow_the_measured_ones_slope_across_widths() -> None:
+    """A seed modelled for other hardware (flat in b, as the H200 roofline is at low batch) against a machine whose
+    step grows with b: two measured widths at a bucket price the unmeasured ones on their line, not at their mean
+    (which made chain 16 read 51 ms where it costs 33, so the controller never went back to it)."""
+    blocks = (1, 16, 32, 64)
+    m = CostModel(BUCKETS, blocks, np.full((len(BUCKETS), 4), 0.010), ema=0.1)
+    for _ in range(100):
+        m.observe(8, 32, 0.045)
+        m.observe(8, 64, 0.070)
+    t = m.resolve()
+    i = m.bucket_index(8)
+    assert t[i, 2] == pytest.approx(0.045, abs=1e-4) and t[i, 3] == pytest.approx(0.070, abs=1e-4)
+    assert t[i, 1] == pytest.approx(0.0325, abs=5e-4)  # on the line through (32, +35 ms) and (64, +60 ms)
+    assert t[i, 0] == pytest.approx(0.010 + 0.035 - 31 * 0.025 / 32, abs=5e-4)
+    # a bucket with one measured width takes the slope of its neighbour and its own level
+    for _ in range(100):
+        m.observe(2, 64, 0.040)
+    t = m.resolve()
+    assert t[m.bucket_index(2), 2] == pytest.approx(0.040 - 32 * 0.025 / 32, abs=5e-4)

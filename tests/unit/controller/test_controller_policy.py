@@ -268,8 +268,8 @@ def test_observe_step_validation() -> None:
 def test_candidates_bounded_by_max_block_and_cost_columns() -> None:
     ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), max_block=8)
     assert ctrl.candidates == (1, 2, 4, 8)  # auto
-    with pytest.raises(ValueError, match=r"^candidates: \[16\] exceed"):
-        BlockSizeController(ControllerConfig(candidates=BLOCKS), CostModel.default(BLOCKS), max_block=8)
+    with pytest.raises(ValueError, match=r"^candidates: \[64\] exceed 32"):
+        BlockSizeController(ControllerConfig(candidates=(1, 8, 64)), CostModel.default((1, 8, 64)), max_block=8)
     assert ctrl.acceptance_probabilities().shape == (7,)
     with pytest.raises(ValueError, match=r"^candidates:"):
         BlockSizeController(ControllerConfig(candidates=(1, 3)), CostModel.default(BLOCKS))
@@ -368,3 +368,52 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
     probed = BlockSizeController(cfg, flat_cost(eight), prefix_drafts=True)
     blind, seen = learn(no_probes, 200), learn(probed, 200)
     assert blind > 0.9 and seen < 0.2  # without probes position 12 keeps the estimate of the positions before it
+
+
+def tree_controller(extra_cost: float = 0.1) -> BlockSizeController:
+    """Chains 1 and 16 and a tree of 31 prefixes (width 32) whose step costs ``extra_cost`` more than chain 16's."""
+    cands = (1, 16, 32)
+    row = [0.01, 0.02, 0.02 * (1 + extra_cost)]
+    cost = CostModel(BUCKETS, cands, np.array([row] * len(BUCKETS)), seed_measured=True)
+    cfg = ControllerConfig(candidates=cands, min_dwell_steps=1, explore_margin=0.0, probe_interval=0)
+    return BlockSizeController(cfg, cost, max_block=16)
+
+
+def test_a_tree_is_chosen_only_for_the_tokens_it_was_measured_to_add_over_the_chain() -> None:
+    """A tree width scores chain 16's expected tokens plus its learned gain: before any tree step it is chain 16 at
+    a higher cost (never chosen); once tree steps show it commits enough more, it wins; a batch that cannot verify
+    a tree (``trees=False``) gets chain 16 in its place."""
+    ctrl = tree_controller(extra_cost=0.1)
+    ids = ["a", "b"]
+    for _ in range(30):
+        feed(ctrl, ids, np.array([6, 6]), 16)  # chain 16 commits ~7 a step
+    assert ctrl.decide(ids).block_size == 16
+    good, tokens = ctrl.goodput(ids)
+    assert tokens[2] == pytest.approx(tokens[1]) and good[2] < good[1]
+    # tree steps that walked 9 nodes (10 tokens committed) where chain 16 is expected to commit ~7
+    path = np.array([list(range(9)) + [-1] * 6] * 2)
+    for _ in range(40):
+        ctrl.observe_tree(32, ids, path)
+    assert ctrl.tree_gain.extra()[0] == pytest.approx(3.0, rel=0.15)
+    good, tokens = ctrl.goodput(ids)
+    assert tokens[2] > tokens[1] * 1.3 and good[2] > good[1]
+    assert [ctrl.decide(ids).block_size for _ in range(3)] == [32, 32, 32]
+    assert ctrl.decide(ids, trees=False).block_size == 16  # grammar, logprobs, penalties: the chain
+    with pytest.raises(ValueError, match=r"width: 16 is not a tree candidate \(32,\)"):
+        ctrl.observe_tree(16, ids, path)
+    with pytest.raises(ValueError, match=r"request_ids: observe_step the tree step before observe_tree"):
+        ctrl.observe_tree(32, ["a", "never-seen"], path)
+
+
+def test_a_tree_that_misses_the_chains_deep_end_learns_a_loss_and_is_dropped() -> None:
+    """Where the tree's budget stops short of the greedy chain's depth (its path ends at depth 2 where the chain
+    accepts 6), its gain is negative and the controller keeps chain 16 even at no extra cost."""
+    ctrl = tree_controller(extra_cost=0.0)
+    ids = ["a"]
+    for _ in range(30):
+        feed(ctrl, ids, np.array([6]), 16)
+    path = np.array([[0, 1] + [-1] * 13])
+    for _ in range(40):
+        ctrl.observe_tree(32, ids, path)
+    assert ctrl.tree_gain.extra()[0] < -3.0
+    assert ctrl.decide(ids).block_size == 16
