@@ -284,7 +284,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def _decode_tree(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish,
                      grammar_barrier):
         """A DDTree step (module docstring, step 5): draft the full block once and keep its top-k marginals, build
-        the n - 1 most likely prefixes (n = the decision's width), verify root + tree in n slots under the ancestor mask, walk the target's choices, then reorder the window's slots in req_to_token
+        the n - 1 most likely prefixes (n = the decision's width > B), verify root + tree in n slots under the
+        ancestor mask, walk the target's choices, then reorder the window's slots in req_to_token
         so the committed path's KV sits at the committed positions, and append the path's target features to the
         draft KV."""
         self._flush_deferred_append()
@@ -307,7 +308,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         ordered = cand.gather(1, order)  # root, the path's tokens, then the rest
         out_tokens = torch.cat([ordered[:, 1:], ordered[:, :1]], dim=1)
         out_tokens.scatter_(1, accepted.unsqueeze(1), bonus.unsqueeze(1))  # the path's tokens, then the bonus
-        stride = min(n, B)  # the scheduler's row stride: a path is at most B - 1 deep, so B columns hold a commit
+        stride = B  # the scheduler's row stride: a path is at most B - 1 deep, so B columns hold a commit
         out_tokens = out_tokens[:, :stride].contiguous()
         # the committed positions prefix .. prefix + accepted take their nodes' slots (no K/V copy)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token

@@ -212,6 +212,9 @@ class ControllerConfig:
                                     f"block_size {max_block} (widths 1..{max_block} verify a chain, "
                                     f"{max_block + 1}..{widest} a tree of width - 1 draft prefixes); or leave "
                                     f"candidates unset (auto)")
+            if not any(b <= max_block for b in self.candidates):
+                _fail("candidates", f"{list(self.candidates)} has no chain width (1..{max_block}): a batch that "
+                                    f"cannot verify a tree (grammar, logprobs, penalties) needs one; add {max_block}")
         cands = self.candidates_for(max_block)
         if self.fixed_block is not None and self.fixed_block not in cands:
             _fail("fixed_block", f"{self.fixed_block} is not one of the candidates {cands} (drafter block "

@@ -65,8 +65,8 @@ Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step)
      full draft the width alone would not have run, once every ``probe_interval`` steps so hindsight keeps learning).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
      (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``), and on rank 0
-     ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, path,
-     chain_accepted)``. With overlap scheduling these arrive one step late; that is fine.
+     ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, request_ids,
+     path)``. With overlap scheduling these arrive one step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
   4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
 """
@@ -152,8 +152,7 @@ class BlockSizeController:
         self.tree_widths: tuple[int, ...] = tuple(b for b in cands if b > self.max_block)
         self._tree_rows = np.asarray([self._index[b] for b in self.tree_widths], dtype=np.intp)
         self._chain_cands = np.minimum(self._cands, self.max_block)  # a tree's tokens start from chain B's
-        chains = [k for k, b in enumerate(cands) if b <= self.max_block]
-        self._widest_chain = chains[-1] if chains else None
+        self._widest_chain = max(k for k, b in enumerate(cands) if b <= self.max_block)  # config: one exists
         self.tree_gain = TreeGain(self.tree_widths, decay=cfg.global_decay)
         self.J = self.max_block - 1
         self.slots = SlotMap(initial_capacity)
@@ -268,7 +267,7 @@ class BlockSizeController:
                 if may_switch and cfg.explore_margin > 0.0:
                     k = self._explore(bs, bucket, good, cur)
             self._last_bucket = bucket
-        if not trees and self._cands[k] > self.max_block and self._widest_chain is not None:
+        if not trees and self._cands[k] > self.max_block:
             k = self._widest_chain
         switched = cur is not None and k != cur
         if switched:

@@ -69,5 +69,4 @@ class TreeGain:
 
     def extra(self) -> np.ndarray:
         """Expected tokens per request-step past chain B, per width (0 before any evidence)."""
-        return self._sum / (self._n + self.prior_strength) if self.prior_strength else np.where(
-            self._n > 0, self._sum / np.maximum(self._n, 1e-12), 0.0)
+        return self._sum / np.maximum(self._n + self.prior_strength, 1e-12)

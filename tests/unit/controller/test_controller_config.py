@@ -104,6 +104,8 @@ def test_max_block_bounds_name_the_field() -> None:
     tree = ControllerConfig(candidates=(1, 4, 8, 16, 32))  # above the block: trees of 15 and 31 prefixes
     tree.check_against_max_block(8)
     assert tree.tree_widths(8) == (16, 32) and ControllerConfig().tree_widths(8) == ()
+    with pytest.raises(ValueError, match=r"^candidates: \[16, 32\] has no chain width \(1..8\)"):
+        ControllerConfig(candidates=(16, 32), mode="fixed", fixed_block=32).check_against_max_block(8)
     with pytest.raises(ValueError, match=r"^max_block:"):
         ControllerConfig().check_against_max_block(0)
     ControllerConfig().check_against_max_block(8)
