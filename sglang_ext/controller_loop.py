@@ -174,7 +174,8 @@ class ControllerLoop:
         committed = step.committed.numpy()
         ctl.observe_step(step.rids, d.block_size, accepted,
                          None if step.drafted is None else step.drafted.numpy(),
-                         [row[: a + 1] for row, a in zip(committed, accepted)])
+                         # width 1: [bs, 1], each row is what it committed
+                         committed if committed.shape[1] == 1 else [row[: a + 1] for row, a in zip(committed, accepted)])
         extra, budget = 0, None
         if step.tree_path is not None:
             ctl.observe_tree(d.block_size, step.rids, step.tree_path.numpy())
@@ -183,9 +184,10 @@ class ControllerLoop:
             w = min(drafted.shape[1], committed.shape[1])
             chain = np.minimum((drafted[:, :w] == committed[:, :w]).cumprod(axis=1).sum(axis=1), accepted)
             extra, budget = int((accepted - chain).sum()), d.block_size - 1
-        for rid in step.rids:  # a request that finished while this step was in flight
-            if rid in self._finished_set:
-                ctl.finish(rid)
+        if not self._finished_set.isdisjoint(step.rids):  # a request finished while this step was in flight
+            for rid in step.rids:
+                if rid in self._finished_set:
+                    ctl.finish(rid)
         synced = False
         if ctl.cost_sync_due:
             ctl.sync_cost_table(self._broadcast)

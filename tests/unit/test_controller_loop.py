@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from sglang_ext import names
 from sglang_ext.controller.config import ControllerConfig
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
-from sglang_ext.metrics import DFlashMetrics
+from sglang_ext.metrics import DFlashMetrics, observe_counts
 from sglang_ext.settings import AdaptiveSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,3 +242,45 @@ def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain_and_teach_e
     # the same expected chain tokens, shrunk by the prior of 8 request-steps
     assert gain.extra()[1] - gain.extra()[0] == pytest.approx(1 / 10)
     assert reg.get_sample_value("dflash_tree_expected_extra_tokens", labels) == pytest.approx(gain.extra()[1])
+
+
+def _committed_exposition(values: list[int], bulk: bool, tmp_path=None) -> dict:
+    from prometheus_client import Histogram
+
+    reg = CollectorRegistry()
+    h = Histogram("h", "h", buckets=tuple(float(k) for k in range(1, B + 1)), registry=reg)
+    if bulk:
+        observe_counts(h, np.bincount(np.asarray(values, dtype=np.int64), minlength=B + 1))
+    else:
+        for v in values:
+            h.observe(v)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in reg.collect() for s in m.samples
+            if not s.name.endswith("_created")}
+
+
+def test_bulk_committed_histogram_exposes_what_one_observe_per_request_would():
+    """The committed-tokens histogram is written per bucket (one write per distinct value, not per request): its
+    buckets, sum and count must read exactly as one Histogram.observe per request -- this pins the prometheus_client
+    internals observe_counts writes."""
+    values = [1, 1, 3, 16, 1, 7, 7, 2, 16]
+    assert _committed_exposition(values, bulk=True) == _committed_exposition(values, bulk=False)
+    assert _committed_exposition([], bulk=True) == _committed_exposition([], bulk=False)
+
+
+def test_width1_steps_count_their_requests_and_one_token_each():
+    """A width-1 step (speculation off) is still a verify step of every request committing one token; its
+    zero draft and zero accepted counts are not written, yet read 0 (the series exist from start-up)."""
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="fixed", fixed_block=1)
+    for i in range(3):
+        launch(lp, ["a", "b"], 1.0 + i, [[5], [6]])
+        lp.complete([0, 0], 2)
+    value = reg.get_sample_value
+    labels = {"model_name": "m"}
+    assert value("dflash_verify_steps_total", labels) == 6
+    assert value("dflash_draft_tokens_total", labels) == 0
+    assert value("dflash_accepted_tokens_total", labels) == 0
+    assert value("dflash_block_size", labels) == 1
+    assert value("dflash_committed_tokens_per_step_count", labels) == 6
+    assert value("dflash_committed_tokens_per_step_sum", labels) == 6
+    assert value("dflash_committed_tokens_per_step_bucket", labels | {"le": "1.0"}) == 6

@@ -11,11 +11,16 @@ from sglang_ext.cpu.attention import block_attention
 from sglang_ext.cpu.sampling import chain_speculative_sampling_target_only
 
 
-def test_assign_req_to_token_pool_and_inverse_gather():
+@pytest.mark.parametrize("start,end", [
+    ([0, 5, 3], [7, 9, 3]),  # ragged, with an empty range
+    ([0, 5, 3], [4, 9, 7]),  # one length (a decode step's reservation / window): the grid path
+    ([2, 5, 3], [2, 5, 3]),  # nothing to write
+])
+def test_assign_req_to_token_pool_and_inverse_gather(start, end):
     g = torch.Generator().manual_seed(0)
     req_to_token = torch.zeros(6, 32, dtype=torch.int32)
     pool_idx = torch.tensor([4, 1, 2])
-    start, end = torch.tensor([0, 5, 3]), torch.tensor([7, 9, 3])  # includes an empty range
+    start, end = torch.tensor(start), torch.tensor(end)
     locs = torch.randint(0, 1000, (int((end - start).sum()),), generator=g)
     kernels.assign_req_to_token_pool_cpu(pool_idx, req_to_token, start, end, locs, 32)
     expected = torch.zeros_like(req_to_token)
