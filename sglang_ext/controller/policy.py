@@ -18,9 +18,10 @@ batch-size bucket changes), so noise does not make it flap.
     measurements, or is stale, and whose predicted goodput is within ``explore_margin`` of c's, is tried for one
     dwell period (each cell at most once per 4 sync intervals). If the seed table was modelled rather than
     profiled on this machine (``CostModel.seed_measured`` False: roofline default, a guess), every never-measured
-    cell of the bucket in use is tried once regardless. Why: unmeasured cells are extrapolated; an overstated
-    one would otherwise never be chosen, hence never measured (with a flat seed the simulator stayed on b=16 at
-    C=64 at 0.67 of the best fixed b).
+    cell of the bucket in use predicted at least NEVER_FLOOR (0.5) of c's goodput is tried once. Why:
+    unmeasured cells are extrapolated; an overstated one would otherwise never be chosen, hence never measured
+    (with a flat seed the simulator stayed on b=16 at C=64 at 0.67 of the best fixed b). Why the floor: trying a
+    hopeless width costs a dwell period of steps 2-20x dearer at every new load level (NEVER_FLOOR).
   * probes: at b = 1 the worker skips the draft; every ``probe_interval`` steps the decision asks for a full
     draft anyway so hindsight keeps observing acceptance. While a drafted width is predicted within
     ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that interval doubling (up to
@@ -87,6 +88,13 @@ from .cost_model import CostModel
 from .hindsight import HindsightBuffer
 from .slots import SlotMap
 from .tree_gain import TreeGain, tree_commits
+
+# A never-measured cell under a modelled seed is tried whatever it predicts, down to this fraction of the current
+# width's goodput. Why a floor: below it the extrapolated cost would have to be over 2x too high to hide a better
+# width (cost_model.py prices unmeasured cells on the line of the bucket's measured residuals), while trying it
+# costs a dwell period of steps that are 2-20x dearer -- on CPU, prose at 32 users tried width 16 (3x a width-1
+# step) and the adaptive shape at 8 users trees of 32/64 (5-17x) at every new load level.
+NEVER_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -306,14 +314,16 @@ class BlockSizeController:
             counts, age = counts[self._cost_idx], age[self._cost_idx]
             need = max(4, self.cfg.min_dwell_steps)
             under = (counts < need) | (age > self.cfg.explore_stale_measurements)
-            # a modelled (not profiled) seed says little: measure every never-measured cell once, whatever it predicts
+            # a modelled (not profiled) seed says little: measure every never-measured cell once unless it predicts
+            # less than NEVER_FLOOR of the current width
             never = (counts == 0) & (not self.cost_model.active_seed_measured)
             cached = (under, never)
             self._under_cache[bucket] = cached
         under, never = cached
         if not under.any():
             return cur
-        ok = (under & (good >= good[cur] * (1.0 - self.cfg.explore_margin))) | never
+        near = good >= good[cur] * (1.0 - self.cfg.explore_margin)
+        ok = (under & near) | (never & (good >= good[cur] * NEVER_FLOOR))
         ok[cur] = False
         if not ok.any():
             return cur

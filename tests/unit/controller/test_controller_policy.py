@@ -298,7 +298,9 @@ def test_exploration_tries_an_unmeasured_near_best_block_once() -> None:
 
 
 def test_modelled_seed_measures_every_cell_once() -> None:
-    """With a guessed (flat) seed every block of the bucket in use is tried once; then the measured best wins."""
+    """With a guessed (flat) seed every block of the bucket in use is tried once -- except one predicted below
+    NEVER_FLOOR of the current block's goodput (width 1 commits 1 token where the others commit 1.9-6.5: its cost
+    would have to be overstated 2x to hide a better block) -- then the measured best wins."""
     true_t = {1: 0.009, 2: 0.0135, 4: 0.0147, 8: 0.021, 16: 0.035}
     cfg = ControllerConfig(min_dwell_steps=2, cost_sync_interval=1)
     ctrl = BlockSizeController(cfg, flat_cost({b: 0.005 for b in BLOCKS}, measured=False))
@@ -315,7 +317,7 @@ def test_modelled_seed_measures_every_cell_once() -> None:
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
     assert seen[0] == 16  # flat guess: the widest block looks free
-    assert set(seen) == set(BLOCKS)  # every cell measured once
+    assert set(seen) == set(BLOCKS) - {1}  # every cell measured once, but the hopeless one
     good = {b: 64 * (1 + sum(0.9 ** j for j in range(1, b))) / t for b, t in true_t.items()}
     assert seen[-1] == max(good, key=good.get) == 8
 
