@@ -7,7 +7,8 @@ Servers, all up at once (a server costs ~3 GB), measured in turns within every r
   tree16/31/63    the same held at width 17, 32 or 64: every step a tree of 16, 31 or 63 draft prefixes
   adaptive-shape  the controller picks the shape every step: chains of 1, 2, 4, 8, 16, trees of 31 and 63
                   (deploy/configs/cpu-tree.yaml's candidates)
-Per point, each round sends every server the same `users` x `--requests` chat requests (`users` at a time, EOS
+Per point, after `--warmup` unmeasured requests per user (default 1), each round sends every server the same
+`users` x `--requests` chat requests (`users` at a time, EOS
 ignored, `--max-tokens` each) and times them; the point's tokens/s is the median round. Tokens per request-step
 (1 + dflash_accepted_tokens_total / dflash_verify_steps_total), the mean step time (dflash_step_seconds) and the
 adaptive server's share of steps per width (dflash_block_size_steps_total) are metric deltas over the point.
@@ -88,10 +89,15 @@ def config_for(base: Path, name: str) -> dict:
 
 
 def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: int, rounds: int,
-              temperature: float, max_tokens: int, log) -> dict[str, dict]:
-    before = {n: scrape(s) for n, s in servers.items()}
+              temperature: float, max_tokens: int, log, warmup: int = 0) -> dict[str, dict]:
     rates: dict[str, list[float]] = {n: [] for n in servers}
     with ThreadPoolExecutor(users) as pool:
+        # unmeasured: `warmup` requests per user at this load (as the sweep's warm-up), so a point reads the
+        # steady state, not the controller's first steps at a new load or the previous workload's carry-over
+        batch = [prompts[-1 - i % len(prompts)] for i in range(users * warmup)]
+        for server in servers.values():
+            list(pool.map(lambda m: chat(server, m, temperature, max_tokens), batch))
+        before = {n: scrape(s) for n, s in servers.items()}
         for r in range(rounds):
             batch = [prompts[(r * users * requests + i) % len(prompts)] for i in range(users * requests)]
             for name, server in servers.items():
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, default=2, help="requests per user per round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="unmeasured requests per user before each point (0: the point includes the start-up)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/tree_throughput_cpu.json")
     a = p.parse_args(argv)
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             for users in a.users:
                 log(f"{workload}, {users} user(s)")
                 results[workload][users] = run_point(servers, prompts, users, a.requests, a.rounds, temperature,
-                                                     a.max_tokens, log)
+                                                     a.max_tokens, log, a.warmup)
                 save()
             print(table(workload, results[workload]), flush=True)
     print(f"wrote {a.out}")

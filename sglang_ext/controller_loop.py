@@ -171,11 +171,10 @@ class ControllerLoop:
 
     def _observe(self, step: LaunchedStep, accepted: np.ndarray) -> None:
         d, ctl = step.decision, self.controller
-        committed = step.committed.numpy()
+        committed = step.committed.numpy()  # [bs, b]: a row is what it committed up to accepted + 1
+        rows = committed if committed.shape[1] == 1 else [row[: a + 1] for row, a in zip(committed, accepted)]
         ctl.observe_step(step.rids, d.block_size, accepted,
-                         None if step.drafted is None else step.drafted.numpy(),
-                         # width 1: [bs, 1], each row is what it committed
-                         committed if committed.shape[1] == 1 else [row[: a + 1] for row, a in zip(committed, accepted)])
+                         None if step.drafted is None else step.drafted.numpy(), rows)
         extra, budget = 0, None
         if step.tree_path is not None:
             ctl.observe_tree(d.block_size, step.rids, step.tree_path.numpy())
