@@ -7,6 +7,8 @@ Servers, all up at once (a server costs ~3 GB), measured in turns within every r
   tree16/31/63    the same held at width 17, 32 or 64: every step a tree of 16, 31 or 63 draft prefixes
   adaptive-shape  the controller picks the shape every step: chains of 1, 2, 4, 8, 16, trees of 31 and 63
                   (deploy/configs/cpu-tree.yaml's candidates)
+  on demand (--configs): adaptive (chains only, the default candidates), w1 (held at width 1), fixed8;
+  --before DIR adds the --adaptive configuration run from another checkout (NAME@before), in the same turns
 Per point, after `--warmup` unmeasured requests per user (default 1), each round sends every server the same
 `users` x `--requests` chat requests (`users` at a time, EOS
 ignored, `--max-tokens` each) and times them; the point's tokens/s is the median round. Tokens per request-step
@@ -14,6 +16,8 @@ ignored, `--max-tokens` each) and times them; the point's tokens/s is the median
 adaptive server's share of steps per width (dflash_block_size_steps_total) are metric deltas over the point.
 
     python benchmarks/tree_throughput.py [--users 1 8 32] [--workloads code prose] [--out FILE]
+    git worktree add /tmp/before HEAD~1 && python benchmarks/tree_throughput.py --configs no-spec fixed8 adaptive \
+        --reference no-spec --adaptive adaptive --before /tmp/before      # a controller change, before/after
 
 Prints one markdown table per workload and writes JSON.
 """
@@ -53,8 +57,12 @@ CONFIGS = {
     "tree31": _fixed(32),
     "tree63": _fixed(64),
     "adaptive-shape": {"algorithm": "dflash_adaptive", "adaptive": {"candidates": SHAPES}},
+    "adaptive": {"algorithm": "dflash_adaptive", "adaptive": {}},  # chains only: the default candidates
+    "w1": _fixed(1),  # held at width 1: speculation off, what the adaptive server pays on prose
+    "fixed8": _fixed(8),
 }
 ADAPTIVE = "adaptive-shape"
+BEFORE = "@before"
 WORKLOADS = {"code": ("prompts/mix.jsonl", 0.0), "prose": ("prompts/prose.jsonl", 1.0)}
 SCRAPED = ("dflash_verify_steps_total", "dflash_accepted_tokens_total", "dflash_step_seconds_sum",
            "dflash_step_seconds_count", "dflash_tree_extra_tokens_total", "sglang:generation_tokens_total")
@@ -82,7 +90,7 @@ def chat(server: ManagedServer, messages, temperature: float, max_tokens: int) -
 def config_for(base: Path, name: str) -> dict:
     cfg = server_config(base, speculative=True)
     cfg["sglang_args"].pop("disable_radix_cache", None)  # as served: chat prompts share their template prefix
-    spec = CONFIGS[name]
+    spec = CONFIGS[name.removesuffix(BEFORE)]
     cfg["speculative"] = ({"algorithm": "none"} if spec["algorithm"] == "none"
                           else {**spec, "draft_model_path": cfg["speculative"]["draft_model_path"]})
     return cfg
@@ -121,24 +129,27 @@ def run_point(servers: dict[str, ManagedServer], prompts, users: int, requests: 
     return out
 
 
-def table(workload: str, results: dict[int, dict[str, dict]]) -> str:
+def table(workload: str, results: dict[int, dict[str, dict]], reference: str = "chain16",
+          adaptive: str = ADAPTIVE) -> str:
     names = list(next(iter(results.values())))
-    lines = [f"#### {workload}: output tokens/s (x chain16) / tokens per request-step / mean step ms",
-             "| users | " + " | ".join(names) + f" | best | {ADAPTIVE} / best | {ADAPTIVE}: steps per width |",
+    lines = [f"#### {workload}: output tokens/s (x {reference}) / tokens per request-step / mean step ms",
+             "| users | " + " | ".join(names) + f" | best | {adaptive} / best | {adaptive}: steps per width |",
              "|---:|" + "---|" * (len(names) + 3)]
     for users, point in results.items():
-        chain = point["chain16"]["tokens_per_s"]
+        chain = point[reference]["tokens_per_s"]
         cells = []
         for n in names:
             p = point[n]
             step = "-" if p["step_ms"] is None else f"{p['step_ms']:.1f}"
             cells.append(f"{p['tokens_per_s']:.0f} ({p['tokens_per_s'] / chain:.2f}x) / {p['tokens_per_step']:.2f}"
                          f" / {step}")
-        singles = {n: point[n]["tokens_per_s"] for n in names if n != ADAPTIVE}
+        # the references a choosing server is held against: the single shapes (no other choosing server)
+        singles = {n: point[n]["tokens_per_s"] for n in names
+                   if n.removesuffix(BEFORE) not in ("adaptive", ADAPTIVE)}
         best = max(singles, key=singles.get)
-        mix = ", ".join(f"{w}: {100 * f:.0f} %" for w, f in point[ADAPTIVE]["width_share"].items() if f >= 0.01)
+        mix = ", ".join(f"{w}: {100 * f:.0f} %" for w, f in point[adaptive]["width_share"].items() if f >= 0.01)
         lines.append(f"| {users} | " + " | ".join(cells) +
-                     f" | {best} | {point[ADAPTIVE]['tokens_per_s'] / singles[best]:.2f} | {mix} |")
+                     f" | {best} | {point[adaptive]['tokens_per_s'] / singles[best]:.2f} | {mix} |")
     return "\n".join(lines)
 
 
@@ -154,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="unmeasured requests per user before each point (0: the point includes the start-up)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/tree_throughput_cpu.json")
+    p.add_argument("--reference", default="chain16", help="the configuration the table's ratios are to")
+    p.add_argument("--adaptive", default=ADAPTIVE, help="the choosing configuration the table rates and breaks down")
+    p.add_argument("--before", type=Path, default=None, metavar="DIR",
+                   help="also run the --adaptive configuration from this checkout (NAME@before, its PYTHONPATH), "
+                        "side by side: a change's before/after in one run")
     a = p.parse_args(argv)
-    if "chain16" not in a.configs or ADAPTIVE not in a.configs:
-        p.error(f"--configs must include chain16 and {ADAPTIVE} (the table's references)")
+    if a.reference not in a.configs or a.adaptive not in a.configs:
+        p.error(f"--configs must include --reference {a.reference} and --adaptive {a.adaptive} (the table's)")
+    configs = list(a.configs) + ([a.adaptive + BEFORE] if a.before is not None else [])
 
     def log(msg: str) -> None:
         print(f"[tree] {msg}", file=sys.stderr, flush=True)
@@ -170,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         servers = {}
-        for i, name in enumerate(a.configs, 1):
-            log(f"{i}/{len(a.configs)} starting {name}")
-            servers[name] = stack.enter_context(ManagedServer(config_for(a.config, name), Path(tmp), name))
+        for i, name in enumerate(configs, 1):
+            log(f"{i}/{len(configs)} starting {name}")
+            env = {"PYTHONPATH": str(a.before.resolve())} if name.endswith(BEFORE) else None
+            servers[name] = stack.enter_context(ManagedServer(config_for(a.config, name), Path(tmp),
+                                                              name.replace("@", "_"), env=env))
         for workload in a.workloads:
             path, temperature = WORKLOADS[workload]
             prompts = load_prompts(REPO / "loadtest" / path)
@@ -184,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[workload][users] = run_point(servers, prompts, users, a.requests, a.rounds, temperature,
                                                      a.max_tokens, log, a.warmup)
                 save()
-            print(table(workload, results[workload]), flush=True)
+            print(table(workload, results[workload], a.reference, a.adaptive), flush=True)
     print(f"wrote {a.out}")
     return 0
 

@@ -62,11 +62,14 @@ CODE = AcceptanceFamily("code", Phase(0.925, 0.12))
 MATH = AcceptanceFamily("math", Phase(0.915, 0.12))
 CHAT = AcceptanceFamily("chat", Phase(0.80, 0.20))
 LOW = Phase(0.23, 0.12)
+# prose at temperature 1 with a code drafter (the CPU pair on loadtest/prompts/prose.jsonl commits 1.05-1.08 tokens
+# per step at any width): speculation should stay off
+PROSE = AcceptanceFamily("prose", Phase(0.06, 0.12))
 MIXED = AcceptanceFamily("mixed", CODE.high, mix=(CODE, MATH, CHAT))
 SWITCHING = AcceptanceFamily("switching", CODE.high, LOW, phase_mean=256.0)
 SWITCHING_SYNC = AcceptanceFamily("switching-sync", CODE.high, LOW, phase_mean=1.0, sync=True)
 FAMILIES: dict[str, AcceptanceFamily] = {
-    f.name: f for f in (CODE, MATH, CHAT, MIXED, SWITCHING, SWITCHING_SYNC)
+    f.name: f for f in (CODE, MATH, CHAT, PROSE, MIXED, SWITCHING, SWITCHING_SYNC)
 }
 
 

@@ -65,7 +65,8 @@ class ControllerConfig:
         (position j's prior is position j-1's estimate, with the same strength).
     probe_interval: while the chosen block is 1 (draft skipped), or below the drafter's block with prefix drafts
         (only b positions drafted), ask for a full draft every this many steps so hindsight keeps observing
-        acceptance; 0 disables probing.
+        acceptance (x 2 / 3 / 4 for batches of 16 / 24 / 32+ requests: one probe observes the whole batch,
+        policy.PROBE_ROWS); 0 disables probing.
     probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
         width's predicted goodput is at least ``probe_near_ratio`` of width 1's (with prefix drafts, the best wider
         width's of the current width's): when acceptance returns, the probes'

@@ -344,6 +344,17 @@ class CostModel:
         i = min(self.bucket_index(batch_size), len(self.batch_buckets) - 1)
         return self._active_count[i], self._active_age[i]
 
+    def active_measured_near(self, batch_size: int, factor: float = 2.0) -> np.ndarray:
+        """Per block: measured at some bucket within ``factor`` of ``batch_size``'s bucket (active table's counts).
+
+        Why: an unmeasured cell next to a measured one of the same width is priced from that measurement (the
+        residual line of ``resolve``), not from the seed alone; the policy's try-once rule for never-measured cells
+        is for widths whose cost near this load is still a guess."""
+        bx = np.asarray(self.batch_buckets, dtype=float)
+        i = min(self.bucket_index(batch_size), len(bx) - 1)
+        near = (bx >= bx[i] / factor) & (bx <= bx[i] * factor)
+        return (self._active_count[near] > 0).any(axis=0)
+
     @property
     def active_seed_measured(self) -> bool:
         """Whether the active table's seed was profiled on this machine (else: modelled; explore more)."""

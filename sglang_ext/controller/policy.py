@@ -18,12 +18,16 @@ batch-size bucket changes), so noise does not make it flap.
     measurements, or is stale, and whose predicted goodput is within ``explore_margin`` of c's, is tried for one
     dwell period (each cell at most once per 4 sync intervals). If the seed table was modelled rather than
     profiled on this machine (``CostModel.seed_measured`` False: roofline default, a guess), every never-measured
-    cell of the bucket in use predicted at least NEVER_FLOOR (0.5) of c's goodput is tried once. Why:
+    cell of the bucket in use predicted at least NEVER_FLOOR (0.5) of c's goodput is tried once, unless that
+    width was measured at a bucket within 2x of this batch size (its cell is then priced from that measurement,
+    cost_model.active_measured_near; on CPU, prose at 32 users spread over 4-5 buckets and tried widths 2 and 4
+    once in each: 2.5 % of steps at 1.5-2x a width-1 step's cost). Why:
     unmeasured cells are extrapolated; an overstated one would otherwise never be chosen, hence never measured
     (with a flat seed the simulator stayed on b=16 at C=64 at 0.67 of the best fixed b). Why the floor: trying a
     hopeless width costs a dwell period of steps 2-20x dearer at every new load level (NEVER_FLOOR).
   * probes: at b = 1 the worker skips the draft; every ``probe_interval`` steps the decision asks for a full
-    draft anyway so hindsight keeps observing acceptance. While a drafted width is predicted within
+    draft anyway so hindsight keeps observing acceptance (stretched up to 4x for batches of 16+: PROBE_ROWS).
+    While a drafted width is predicted within
     ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that interval doubling (up to
     ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when that width's predicted
     goodput ratio has risen by more than PROBE_SURPRISE since the last probe, or the width switched. Why: at b = 1
@@ -95,6 +99,15 @@ from .tree_gain import TreeGain, tree_commits
 # costs a dwell period of steps that are 2-20x dearer -- on CPU, prose at 32 users tried width 16 (3x a width-1
 # step) and the adaptive shape at 8 users trees of 32/64 (5-17x) at every new load level.
 NEVER_FLOOR = 0.5
+
+# The far probe interval grows with the batch: probe_interval x min(PROBE_STRETCH_MAX, batch // PROBE_ROWS) steps.
+# Why: one probe observes every request of the batch, so a batch of 32 learns from one probe what one request learns
+# from 32, while the probe's full draft costs ~0.7-1.2x a width-1 step at 16-32 requests on CPU (a draft forward
+# of 16 positions per request against a one-token decode): on prose at temperature 1, 32 users, probes were 4 % of
+# steps and ~4 % of the scheduler's time (py-spy), the largest part of adaptive's gap to plain decoding after the
+# width-1 step itself. Near probes (a drafted width within probe_near_ratio) keep their short interval.
+PROBE_ROWS = 8
+PROBE_STRETCH_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -198,18 +211,23 @@ class BlockSizeController:
         self._last_slots = np.zeros(0, dtype=np.intp)
 
     # -- decision ---------------------------------------------------------------------------------------------
-    def _probe_interval(self, good: np.ndarray, k: int) -> tuple[int, float]:
+    def _probe_interval(self, good: np.ndarray, k: int, bs: int) -> tuple[int, float]:
         """(steps between probes at candidate ``k``, the best wider width's goodput / ``k``'s): shorter while a
-        wider width is within reach, doubling after every probe that left it no nearer."""
+        wider width is within reach, doubling after every probe that left it no nearer; the far interval stretched
+        by the batch's rows (PROBE_ROWS)."""
         cfg = self.cfg
+        far = self._far_probe_interval(bs)
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
             ratio = float(good[k + 1:].max()) / float(good[k])
             if ratio >= cfg.probe_near_ratio:
                 if ratio > self._probe_ratio + PROBE_SURPRISE:
                     self._probe_backoff = 0  # the evidence moved toward drafting since the last probe: look again
-                return min(cfg.probe_interval, cfg.probe_near_interval << self._probe_backoff), ratio
-            return cfg.probe_interval, ratio
-        return cfg.probe_interval, 0.0
+                return min(far, cfg.probe_near_interval << self._probe_backoff), ratio
+            return far, ratio
+        return far, 0.0
+
+    def _far_probe_interval(self, bs: int) -> int:
+        return self.cfg.probe_interval * min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS))
 
     def _scheduled_block(self, bs: int) -> int:
         i = bisect.bisect_right(self._sched_keys, bs) - 1
@@ -288,11 +306,11 @@ class BlockSizeController:
         if switched or cur is None:
             self._probe_backoff, self._probe_ratio = 0, float("inf")
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
-            interval, ratio = self._probe_interval(good, k)
+            interval, ratio = self._probe_interval(good, k, bs)
             probe = draft_full = self._since_draft + 1 >= interval
             if draft_full:
                 self._probe_ratio = ratio
-                if interval < cfg.probe_interval:
+                if interval < self._far_probe_interval(bs):  # a near probe below the cap: the next one waits longer
                     self._probe_backoff += 1
         self._since_draft = 0 if draft_full else self._since_draft + 1
         self.steps_decided += 1
@@ -315,8 +333,10 @@ class BlockSizeController:
             need = max(4, self.cfg.min_dwell_steps)
             under = (counts < need) | (age > self.cfg.explore_stale_measurements)
             # a modelled (not profiled) seed says little: measure every never-measured cell once unless it predicts
-            # less than NEVER_FLOOR of the current width
+            # less than NEVER_FLOOR of the current width, or the width was measured at a load near this one
             never = (counts == 0) & (not self.cost_model.active_seed_measured)
+            if never.any():
+                never &= ~self.cost_model.active_measured_near(bs)[self._cost_idx]
             cached = (under, never)
             self._under_cache[bucket] = cached
         under, never = cached

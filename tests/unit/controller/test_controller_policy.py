@@ -149,6 +149,55 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     assert _probe_gaps(far, 96) == [32, 32, 32]
 
 
+def test_far_probes_stretch_with_the_batch_and_near_probes_do_not() -> None:
+    """One probe observes every request of the batch: far probes every probe_interval steps up to 15 requests,
+    then x2 at 16, x3 at 24, x4 from 32 on; a near drafted width keeps its short interval at any batch."""
+    cfg = ControllerConfig(mode="adaptive", explore_margin=0.0, probe_interval=32, probe_near_interval=4)
+    far = {1: 0.010, 2: 0.05, 4: 0.05, 8: 0.05, 16: 0.05}  # drafting predicted at 0.4 of width 1: far
+
+    def gaps(ids: list, steps: int, cost: dict) -> list[int]:
+        ctrl = BlockSizeController(cfg, flat_cost(cost))
+        decisions = [ctrl.decide(ids) for _ in range(steps)]
+        assert {d.block_size for d in decisions} == {1}
+        return np.diff([0] + [i for i, d in enumerate(decisions, 1) if d.draft_full]).tolist()
+
+    batch = lambda n: [f"r{i}" for i in range(n)]  # noqa: E731
+    assert gaps(batch(15), 96, far) == [32, 32, 32]
+    assert gaps(batch(16), 192, far) == [64, 64, 64]
+    assert gaps(batch(24), 288, far) == [96, 96, 96]
+    assert gaps(batch(64), 384, far) == [128, 128, 128]
+    near = {1: 0.010, 2: 0.025, 4: 0.025, 8: 0.025, 16: 0.025}  # E(16) ~ 2 at 2.5x the cost: 0.8 of width 1
+    assert gaps(batch(64), 124, near)[:4] == [4, 8, 16, 32]  # doubling from 4, as at one request
+
+
+def test_modelled_seed_skips_never_measured_cells_of_a_width_measured_at_a_nearby_load() -> None:
+    """Under a modelled seed a never-measured cell is tried once -- unless its width was measured at a bucket
+    within 2x of this batch size (the cell is then priced from that measurement): a load drifting between nearby
+    buckets does not try the same width again in each."""
+    true_t = {1: 0.010, 2: 0.014, 4: 0.020, 8: 0.05, 16: 0.1}
+
+    def run(ctrl: BlockSizeController, n: int, steps: int = 40) -> list[int]:
+        ids = [f"r{i}" for i in range(n)]
+        seen = []
+        for _ in range(steps):
+            d = ctrl.decide(ids)
+            seen.append(d.block_size)
+            feed(ctrl, ids, np.zeros(n, dtype=np.int64), d.block_size, full_draft=d.draft_full)
+            ctrl.observe_step_time(n, d.block_size, true_t[d.block_size], probe=d.probe)
+            if ctrl.cost_sync_due:
+                ctrl.sync_cost_table()
+        return seen
+
+    cfg = ControllerConfig(min_dwell_steps=2, cost_sync_interval=1, explore_margin=0.001, probe_interval=0)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.01, 2: 0.011, 4: 0.012, 8: 0.05, 16: 0.1}, measured=False))
+    for _ in range(50):
+        feed(ctrl, ["x"], np.array([0]), 16)  # drafts never accepted: E(b) ~= 1 for every b
+    first = run(ctrl, 20)  # bucket 32: 2 and 4 never measured anywhere, predicted near width 1: each tried once
+    assert {2, 4} <= set(first) and first[-5:] == [1] * 5
+    assert set(run(ctrl, 40)) == {1}  # bucket 64, within 2x of 32 where 2 and 4 were measured: not tried again
+    assert {2, 4} <= set(run(ctrl, 2))  # bucket 2, 16x away: never measured near this load, tried once each
+
+
 def test_observe_step_time_is_rank0_only_and_needs_sync() -> None:
     r1 = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), is_rank0=False)
     with pytest.raises(RuntimeError):
