@@ -66,10 +66,13 @@ LOW = Phase(0.23, 0.12)
 # per step at any width): speculation should stay off
 PROSE = AcceptanceFamily("prose", Phase(0.06, 0.12))
 MIXED = AcceptanceFamily("mixed", CODE.high, mix=(CODE, MATH, CHAT))
+# loadtest's code mix (44 code, 9 math, 9 chat prompts) as the bundled CPU pair sees it: its code drafter accepts the
+# chat prompts like prose. Members are drawn uniformly, so CODE is listed 5 times (~71 / 14 / 14 %)
+CODE_MIX = AcceptanceFamily("code-mix", CODE.high, mix=(CODE,) * 5 + (MATH, PROSE))
 SWITCHING = AcceptanceFamily("switching", CODE.high, LOW, phase_mean=256.0)
 SWITCHING_SYNC = AcceptanceFamily("switching-sync", CODE.high, LOW, phase_mean=1.0, sync=True)
 FAMILIES: dict[str, AcceptanceFamily] = {
-    f.name: f for f in (CODE, MATH, CHAT, PROSE, MIXED, SWITCHING, SWITCHING_SYNC)
+    f.name: f for f in (CODE, MATH, CHAT, PROSE, MIXED, CODE_MIX, SWITCHING, SWITCHING_SYNC)
 }
 
 
