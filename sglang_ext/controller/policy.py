@@ -29,8 +29,9 @@ batch-size bucket changes), so noise does not make it flap.
     draft anyway so hindsight keeps observing acceptance (stretched up to 4x for batches of 16+: PROBE_ROWS).
     While a drafted width is predicted within
     ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that interval doubling (up to
-    ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when that width's predicted
-    goodput ratio has risen by more than PROBE_SURPRISE since the last probe, or the width switched. Why: at b = 1
+    ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when the acceptance evidence
+    (the widest width's expected tokens over the current width's) has risen by more than PROBE_SURPRISE (5 %)
+    since the last probe, or the width switched. Why: at b = 1
     probes are the only evidence, and a request's estimate starts at the global one (prior strength 8): at one
     probe per 32 steps the controller measured ~70 % of steps still at b = 1 three code requests after a prose
     phase (tests/integration/test_adaptive.py), though those requests accept ~6 tokens a step. But a probe costs a
@@ -133,11 +134,13 @@ class Decision:
     probe: bool = False
 
 
-# a rise of the best drafted width's predicted goodput ratio (to width 1's) since the last probe that restarts the
-# near-probe doubling. benchmarks/probe_schedule.py (one request, acceptance 0.2 -> 0.9 a position, 40 seeds): with
-# 0.05 the controller probes 4.2 % of width-1 steps and turns drafting on after 30 steps on average (the code before
-# the doubling, same simulation on 20 seeds: 12 %, 27 steps); 0.1 and 0.2 probed 3.5-3.8 % but took 35-40 steps
-# (20 seeds; one probe's outcome alone moves the ratio by 3-10 %)
+# a relative rise of the acceptance evidence since the last probe that restarts the near-probe doubling. The evidence
+# is the widest width's expected tokens per step over the current width's: it moves with acceptance only. (It was
+# the goodput ratio, which the cost table moves too: 30 % step-time jitter at 16 requests restarted the doubling
+# often enough to probe 3.9 % of width-1 steps instead of 1.9 %, benchmarks/probe_schedule.py --requests 16
+# --noise 0.3, results/probe_schedule_16.json.) benchmarks/probe_schedule.py (one request, acceptance 0.2 -> 0.9
+# a position, 40 seeds), with the goodput-ratio rule: 0.05 probed 4.2 % of width-1 steps and turned drafting on after 30 steps on average (before
+# the doubling, 20 seeds: 12 %, 27 steps); 0.1 and 0.2 probed 3.5-3.8 % but took 35-40 steps
 PROBE_SURPRISE = 0.05
 
 
@@ -196,7 +199,7 @@ class BlockSizeController:
         self._dwell = 0
         self._since_draft = 0
         self._probe_backoff = 0  # near probes so far that left the best drafted width no nearer (doubling)
-        self._probe_ratio = float("inf")  # the best drafted width's goodput / width 1's at the last probe
+        self._probe_ratio = float("inf")  # the acceptance evidence (_probe_interval) at the last probe
         self._last_bucket: int | None = None
         self.steps_decided = 0
         self.steps_observed = 0
@@ -211,19 +214,19 @@ class BlockSizeController:
         self._last_slots = np.zeros(0, dtype=np.intp)
 
     # -- decision ---------------------------------------------------------------------------------------------
-    def _probe_interval(self, good: np.ndarray, k: int, bs: int) -> tuple[int, float]:
-        """(steps between probes at candidate ``k``, the best wider width's goodput / ``k``'s): shorter while a
-        wider width is within reach, doubling after every probe that left it no nearer; the far interval stretched
-        by the batch's rows (PROBE_ROWS)."""
+    def _probe_interval(self, good: np.ndarray, tokens: np.ndarray, k: int, bs: int) -> tuple[int, float]:
+        """(steps between probes at candidate ``k``, the widest width's expected tokens / ``k``'s): shorter while a
+        wider width's goodput is within reach, doubling after every probe that left the acceptance evidence no
+        higher; the far interval stretched by the batch's rows (PROBE_ROWS)."""
         cfg = self.cfg
         far = self._far_probe_interval(bs)
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
-            ratio = float(good[k + 1:].max()) / float(good[k])
-            if ratio >= cfg.probe_near_ratio:
-                if ratio > self._probe_ratio + PROBE_SURPRISE:
-                    self._probe_backoff = 0  # the evidence moved toward drafting since the last probe: look again
-                return min(far, cfg.probe_near_interval << self._probe_backoff), ratio
-            return far, ratio
+            evidence = float(tokens[k + 1:].max()) / float(tokens[k])
+            if float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k]):
+                if evidence > self._probe_ratio * (1.0 + PROBE_SURPRISE):
+                    self._probe_backoff = 0  # acceptance moved toward drafting since the last probe: look again
+                return min(far, cfg.probe_near_interval << self._probe_backoff), evidence
+            return far, evidence
         return far, 0.0
 
     def _far_probe_interval(self, bs: int) -> int:
@@ -306,7 +309,7 @@ class BlockSizeController:
         if switched or cur is None:
             self._probe_backoff, self._probe_ratio = 0, float("inf")
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
-            interval, ratio = self._probe_interval(good, k, bs)
+            interval, ratio = self._probe_interval(good, tokens, k, bs)
             probe = draft_full = self._since_draft + 1 >= interval
             if draft_full:
                 self._probe_ratio = ratio
