@@ -5,6 +5,7 @@
     python -m loadtest.sweep --url mine=http://127.0.0.1:30000 --users 1 2 --duration 5
     python -m loadtest.sweep --dataset my.jsonl --temperature 0.7       # one ad-hoc workload, named `custom`
     python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
+    python -m loadtest.sweep --interleave --duration 15                # every server up at once, points in turns
 
 Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) -- or, for a configuration with a
 `fleet:` section, `dflash-serve fleet` (harness.server.ManagedFleet: the router in front, the replicas' metrics
@@ -12,7 +13,9 @@ summed) -- unless `--url NAME=URL` gives a running server; then per workload (pr
 count: warm-up requests, scrape /metrics, run `locust -f loadtest/chat.py --headless` as a subprocess (Locust's
 gevent patching breaks SGLang, so never in this process), wait until the server is idle, scrape again. Each
 workload's results go to OUT/<workload>/ and are rewritten after every point, so an interrupted sweep keeps its
-data.
+data. With --interleave every configuration's server starts first and each (workload, users) point is measured
+for every configuration in turn, the order reversed on every other point: ratios between configurations are then
+taken seconds apart, not a configuration's block of points apart (this machine drifts by 10-20 % over minutes).
 """
 from __future__ import annotations
 
@@ -281,6 +284,29 @@ def chosen_workloads(args: argparse.Namespace, workloads: dict[str, Workload]) -
     return {n: workloads[n] for n in names}
 
 
+def _open(name: str, head: str, urls: dict[str, str], configs: dict[str, dict], overrides: dict[str, dict],
+          out: Path, servers: list) -> tuple[str, list[str] | None]:
+    """(url, metrics urls) of configuration `name`: the --url given, or a server (or fleet) started now and
+    appended to `servers` (the caller stops them)."""
+    if name in urls:
+        log(f"{head}: using {urls[name]}")
+        return urls[name], None
+    from harness.server import ManagedFleet, ManagedServer
+
+    if "fleet" in overrides[name]:
+        n = configs[name]["fleet"]["replicas"]
+        server = ManagedFleet(configs[name], out / "servers", name, replicas=n)
+        log(f"{head}: starting a fleet of {n} (log {server.log_path})")
+    else:
+        server = ManagedServer(configs[name], out / "servers", name)
+        log(f"{head}: starting server (log {server.log_path})")
+    servers.append(server)
+    t0 = time.monotonic()
+    server.start()
+    log(f"{head}: ready at {server.url} in {time.monotonic() - t0:.0f}s")
+    return server.url, getattr(server, "replica_urls", None)
+
+
 def sweep(args: argparse.Namespace) -> int:
     baseline, base, configs, overrides, file_workloads = load_configs(args.config_file, args.base_config)
     workloads = chosen_workloads(args, file_workloads)
@@ -304,59 +330,68 @@ def sweep(args: argparse.Namespace) -> int:
              for wl, w in workloads.items()}
     points: dict[str, list[dict]] = {wl: [] for wl in workloads}
     total_points = len(names) * len(workloads) * len(args.users)
-    done = failed = 0
-    for ci, name in enumerate(names, 1):
-        head = f"config {ci}/{len(names)} {name}"
-        server = None
-        metrics_urls = None
-        try:
-            if name in urls:
-                url = urls[name]
-                log(f"{head}: using {url}")
-            else:
-                from harness.server import ManagedFleet, ManagedServer
+    progress = {"done": 0, "failed": 0}
 
-                if "fleet" in overrides[name]:
-                    n = configs[name]["fleet"]["replicas"]
-                    server = ManagedFleet(configs[name], out / "servers", name, replicas=n)
-                    log(f"{head}: starting a fleet of {n} (log {server.log_path})")
-                else:
-                    server = ManagedServer(configs[name], out / "servers", name)
-                    log(f"{head}: starting server (log {server.log_path})")
-                t0 = time.monotonic()
-                server.start()
-                url = server.url
-                metrics_urls = getattr(server, "replica_urls", None)
-                log(f"{head}: ready at {url} in {time.monotonic() - t0:.0f}s")
-            for wl, w in workloads.items():
-                for ui, users in enumerate(args.users, 1):
-                    where = f"{head}, {wl}, users {users} ({ui}/{len(args.users)})"
-                    log(f"{where} ...")
-                    point = {"config": name, "workload": wl,
-                             **run_point(url, users, args, out / wl / "raw" / name, w, metrics_urls)}
-                    points[wl].append(point)
-                    done += 1
-                    failed += not point["ok"]
-                    report.write_results(out / wl, metas[wl], points[wl])
-                    log(f"{where}: {_fmt_point(point)} [{done}/{total_points}]")
-        except (SweepError, RuntimeError) as e:
-            # one broken configuration (a server that will not start) must not cost the others their results
-            log(f"{head}: FAILED: {e}")
-            failed += 1
+    def measure(name: str, url: str, metrics_urls: list[str] | None, wl: str, users: int, head: str) -> None:
+        where = f"{head}, {wl}, users {users} ({args.users.index(users) + 1}/{len(args.users)})"
+        log(f"{where} ...")
+        point = {"config": name, "workload": wl,
+                 **run_point(url, users, args, out / wl / "raw" / name, workloads[wl], metrics_urls)}
+        points[wl].append(point)
+        progress["done"] += 1
+        progress["failed"] += not point["ok"]
+        report.write_results(out / wl, metas[wl], points[wl])
+        log(f"{where}: {_fmt_point(point)} [{progress['done']}/{total_points}]")
+
+    def broken(name: str, head: str, e: Exception) -> None:
+        # one broken configuration (a server that will not start) must not cost the others their results
+        log(f"{head}: FAILED: {e}")
+        progress["failed"] += 1
+        for wl in workloads:
+            points[wl].append({"config": name, "workload": wl, "users": None, "ok": False, "error": str(e)[:2000]})
+            report.write_results(out / wl, metas[wl], points[wl])
+
+    heads = {name: f"config {ci}/{len(names)} {name}" for ci, name in enumerate(names, 1)}
+    if args.interleave:
+        servers: list = []
+        try:
+            live = {}
+            for name in names:
+                try:
+                    live[name] = _open(name, heads[name], urls, configs, overrides, out, servers)
+                except (SweepError, RuntimeError) as e:
+                    broken(name, heads[name], e)
             for wl in workloads:
-                points[wl].append({"config": name, "workload": wl, "users": None, "ok": False, "error": str(e)[:2000]})
-                report.write_results(out / wl, metas[wl], points[wl])
+                for ui, users in enumerate(args.users):
+                    # every configuration in turn at this point, the order reversed on every other point: the
+                    # machine's drift over minutes falls on all of them alike
+                    order = list(live) if ui % 2 == 0 else list(live)[::-1]
+                    for name in order:
+                        measure(name, *live[name], wl, users, heads[name])
         finally:
-            if server is not None:
+            for server in servers:
                 server.stop()
+    else:
+        for name in names:
+            servers = []
+            try:
+                url, metrics_urls = _open(name, heads[name], urls, configs, overrides, out, servers)
+                for wl in workloads:
+                    for users in args.users:
+                        measure(name, url, metrics_urls, wl, users, heads[name])
+            except (SweepError, RuntimeError) as e:
+                broken(name, heads[name], e)
+            finally:
+                for server in servers:
+                    server.stop()
     for wl in workloads:
         metas[wl]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         report.write_results(out / wl, metas[wl], points[wl])
         written = report.write_report(out / wl)
         log(f"{wl}: wrote {', '.join(str(p.relative_to(out)) for p in written)} in {out}")
-    if failed:
-        log(f"{failed} point(s) failed; see report.md and the raw/ logs")
-    return 1 if failed else 0
+    if progress["failed"]:
+        log(f"{progress['failed']} point(s) failed; see report.md and the raw/ logs")
+    return 1 if progress["failed"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                            "the tail where users run out of requests)")
     p.add_argument("--point-timeout", type=int, default=3600, help="seconds before a --requests point is killed")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each point")
+    p.add_argument("--interleave", action="store_true",
+                   help="start every configuration's server at once and measure each point for all of them in "
+                        "turn (side by side: this machine drifts by 10-20 %% over minutes) instead of one "
+                        "configuration's points after another's; needs memory for every server at once")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--workloads", nargs="+", metavar="NAME",
                    help="run only these workloads of the configurations file (default: all)")

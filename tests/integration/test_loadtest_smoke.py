@@ -136,3 +136,18 @@ def test_small_sweep_against_a_running_server(dflash_server, tmp_path):
     for name in ("results.csv", "throughput.png", "ttft.png", "itl.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "raw" / "tiny" / "u2_stats.csv").is_file()
+
+
+@pytest.mark.server
+def test_interleaved_sweep_measures_each_point_for_every_configuration_in_turn(dflash_server, tmp_path):
+    """--interleave: at each point every configuration runs before the next point starts, the order reversed on
+    every other point, so a ratio between configurations is measured side by side."""
+    r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"a={dflash_server.url}",
+                        "--url", f"b={dflash_server.url}", "--interleave", "--workloads", "code",
+                        "--users", "1", "2", "--duration", "3", "--max-tokens", "16", "--warmup", "0",
+                        "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    points = json.loads((tmp_path / "code" / "results.json").read_text())["points"]
+    assert [(p["config"], p["users"], p["ok"]) for p in points] == [
+        ("a", 1, True), ("b", 1, True), ("b", 2, True), ("a", 2, True)]
+    assert "| a | 2 |" in (tmp_path / "code" / "report.md").read_text()
