@@ -111,6 +111,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
         # see the module docstring, step 2
         self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
+        self._compact_appends = torch.device(self.device).type == "cpu"  # see _append_committed
         self._draft_spec_info_by_width = {self.max_block: self._draft_block_spec_info}
         try:
             self.loop = ControllerLoop(settings, self.max_block, is_rank0=rank == 0, metrics=metrics,
@@ -325,9 +326,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         hidden = hidden.gather(1, order.unsqueeze(2).expand(bs, n, hidden.shape[-1]))
         draft_loc = window.plan.write_ids(self.draft_model_runner.kv_index_translator, cols=slice(0, n))
         draft_loc = draft_loc.view(bs, n).gather(1, order)
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=hidden.reshape(bs * n, -1), cache_loc=draft_loc.reshape(-1), cache_loc_2d=draft_loc,
-            positions=window.positions[:, :n].reshape(-1), commit_lens=commit_lens)
+        self._append_committed(hidden, draft_loc, window.positions[:, :n], commit_lens)
         logits_output.hidden_states = None
         result = upstream.GenerationBatchResult(
             logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
@@ -390,6 +389,31 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             write_virtual=loc.view(-1), read_extent=1)
         return StepWindow(None, prefix_lens.to(torch.int64).view(bs, 1), loc, plan, prefix_lens)
 
+    def _append_committed(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+                          commit_lens: torch.Tensor) -> None:
+        """Append the committed tokens' target features to the draft KV: row i's first commit_lens[i] of its
+        ``[bs, w]`` columns (``hidden`` [bs, w, D]; ``cache_loc`` draft-pool slots, ``positions``).
+
+        GPU: upstream's prefix-valid writer (it projects every column and writes the live prefix: no host sync).
+        CPU: only the committed rows are projected (upstream's flat writer): the lengths are host memory already,
+        and a width-16 step at acceptance ~3.5 would project 16 rows a request to keep ~4.5 of them. A row's K/V
+        depends on that row alone (up to the rounding of a matmul over fewer rows: the draft's proposals, never the
+        committed tokens)."""
+        bs, w = int(cache_loc.shape[0]), int(cache_loc.shape[1])
+        if not self._compact_appends:
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden.reshape(bs * w, -1), cache_loc=cache_loc.reshape(-1), cache_loc_2d=cache_loc,
+                positions=positions.reshape(-1), commit_lens=commit_lens)
+            return
+        if w > 1:
+            keep = (torch.arange(w, device=commit_lens.device) < commit_lens.view(bs, 1)).view(-1).nonzero().view(-1)
+            hidden = hidden.reshape(bs * w, -1).index_select(0, keep)
+            cache_loc = cache_loc.reshape(-1).index_select(0, keep)
+            positions = positions.reshape(-1).index_select(0, keep)
+        self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden.reshape(-1, hidden.shape[-1]),
+                                                      cache_loc=cache_loc.reshape(-1),
+                                                      positions=positions.reshape(-1))
+
     def _flush_deferred_append(self) -> None:
         """Write the deferred width-1 appends in one pass (the same prefix-valid writer a per-step append uses)."""
         if not self._deferred:
@@ -399,9 +423,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         cache_loc = torch.cat([d.cache_loc for d in steps])
         positions = torch.cat([d.positions for d in steps])
         n = int(cache_loc.numel())
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=hidden, cache_loc=cache_loc, cache_loc_2d=cache_loc.view(n, 1), positions=positions,
-            commit_lens=torch.ones(n, dtype=torch.int32, device=cache_loc.device))
+        self._append_committed(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
+                               torch.ones(n, dtype=torch.int32, device=cache_loc.device))
 
     def _plan_window(self, batch, draft_input, bs: int) -> StepWindow:
         """The step's KV window of B slots per request (upstream's block preparation, unchanged)."""
@@ -613,9 +636,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             self._deferred.append(DeferredAppend(hidden.reshape(bs, -1).clone(), cache_loc.reshape(-1).clone(),
                                                  positions.to(torch.int64, copy=True)))
         else:
-            self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=cache_loc,
-                cache_loc_2d=cache_loc.view(bs, b), positions=positions, commit_lens=commit_lens)
+            self._append_committed(hidden, cache_loc.view(bs, b), positions.view(bs, b), commit_lens)
         logits_output.hidden_states = None
         return upstream.GenerationBatchResult(
             logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
