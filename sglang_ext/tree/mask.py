@@ -8,6 +8,12 @@ root-to-node path at once, which is what makes the verify's logits at node i the
 prefix length + its depth.
 How: the reflexive-transitive closure of the parent relation by repeated squaring -- ceil(log2(1 + N)) batched
 [1 + N, 1 + N] products, no loop over depths and no host sync (the step's hot path).
+``packed(mask, prefix_lens, prefix_sum)``: the same mask in the layout SGLang's GPU verify attention reads from
+``DFlashVerifyInput.custom_mask`` (FlashInfer's custom mask and the Triton backend's, EAGLE's tree-mask layout:
+``dflash_info.DFlashVerifyInput.generate_attn_arg_prefill`` sizes it prefix_sum * m + bs * m * m): per request in
+batch order, m = 1 + N rows of prefix_i + m columns, row-major, the prefix columns True. The CPU attention reads
+the [bs, m, m] form (cpu/attention.py make_plan). Pinned to upstream's Triton extend-attention kernel, run by
+Triton's interpreter: tests/unit/test_tree_packed_mask.py.
 """
 from __future__ import annotations
 
@@ -31,3 +37,17 @@ def ancestor_mask(parent: torch.Tensor) -> torch.Tensor:
 def positions(prefix_lens: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
     root = torch.zeros(depth.shape[0], 1, dtype=depth.dtype, device=depth.device)
     return prefix_lens.to(depth.dtype).unsqueeze(1) + torch.cat([root, depth], dim=1)
+
+
+def packed(mask: torch.Tensor, prefix_lens: torch.Tensor, prefix_sum: int) -> torch.Tensor:
+    """[bs, m, m] -> [prefix_sum * m + bs * m * m] bool (module docstring); ``prefix_sum`` = sum(prefix_lens), from
+    the host (the batch's seq_lens_sum): no device sync."""
+    bs, m, _ = mask.shape
+    p = prefix_lens.to(torch.int64).view(bs, 1, 1)
+    cols = p + m  # a row's length: the prefix, then the m tree columns
+    start = torch.cumsum(cols * m, dim=0) - cols * m  # where each request's rows begin
+    i = torch.arange(m, device=mask.device)
+    where = start + i.view(1, m, 1) * cols + p + i.view(1, 1, m)
+    out = torch.ones(prefix_sum * m + bs * m * m, dtype=torch.bool, device=mask.device)
+    out[where.reshape(-1)] = mask.reshape(-1)
+    return out
