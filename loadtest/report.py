@@ -89,7 +89,9 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         f"{meta.get('started', '?')} → {meta.get('finished', 'unfinished')}, {meta.get('cpu_count')} CPUs. "
         f"Locust closed loop (`loadtest/chat.py`, streaming chat completions), {load} after "
         f"{meta.get('warmup')} warm-up requests; max_tokens {meta.get('max_tokens')}, temperature "
-        f"{meta.get('temperature')}{', ignore_eos' if meta.get('ignore_eos') else ''}, prompts: {meta.get('dataset')}.",
+        f"{meta.get('temperature')}{', ignore_eos' if meta.get('ignore_eos') else ''}, prompts: {meta.get('dataset')}."
+        + (" Interleaved: every configuration's server up at once, each point measured for all of them in turn."
+           if meta.get("interleave") else " One configuration's points after another's."),
         "",
         "- **output tok/s**: output tokens of the requests completed in the steady-state window (from the moment "
         "every user has finished one request to the end) per second; `*` = window too short, measured from the start "

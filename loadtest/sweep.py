@@ -322,7 +322,7 @@ def sweep(args: argparse.Namespace) -> int:
     metas = {wl: {"started": started, "workload": wl, "users": args.users,
                   "duration_s": args.duration if args.requests is None else None,
                   "requests": args.requests, "max_tokens": args.max_tokens, "temperature": w.temperature,
-                  "ignore_eos": args.ignore_eos, "warmup": args.warmup,
+                  "ignore_eos": args.ignore_eos, "warmup": args.warmup, "interleave": args.interleave,
                   "dataset": str(w.dataset or "bundled mix"), "baseline": args.baseline or baseline,
                   "cpu_count": os.cpu_count(), "base_config": str(base),
                   "configs": {n: ({"url": urls[n]} if n in urls else {"override": overrides[n], "config": configs[n]})

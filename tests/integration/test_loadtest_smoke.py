@@ -150,4 +150,5 @@ def test_interleaved_sweep_measures_each_point_for_every_configuration_in_turn(d
     points = json.loads((tmp_path / "code" / "results.json").read_text())["points"]
     assert [(p["config"], p["users"], p["ok"]) for p in points] == [
         ("a", 1, True), ("b", 1, True), ("b", 2, True), ("a", 2, True)]
-    assert "| a | 2 |" in (tmp_path / "code" / "report.md").read_text()
+    md = (tmp_path / "code" / "report.md").read_text()
+    assert "| a | 2 |" in md and "Interleaved: every configuration's server up at once" in md
