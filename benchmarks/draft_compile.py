@@ -2,11 +2,11 @@
 
 The draft forward of a width-16 step is ~4.5 ms at one request on the bundled pair (~2.2 ms of it matmuls, the rest
 per-op overhead: benchmarks/results/step_profile_cpu.md), the kind of cost torch.compile (inductor: fused C++
-kernels) removes where it can trace a whole region. SGLang's draft layer cannot be traced whole: its attention goes
-through the attention backend and the KV pool (graph breaks). Three servers held at width 16 by the controller's
+kernels) removes where it can trace a whole region. SGLang's draft layer is not one pure-tensor region: its attention
+goes through the attention backend's Python and writes the KV pool. Three servers held at width 16 by the controller's
 `fixed` mode, measured in turns (benchmarks/step_time.py's step time, median of --repeats):
   eager   the product as shipped;
-  layer   every draft decoder layer's forward compiled (dynamic shapes; Dynamo breaks the graph at the attention);
+  layer   every draft decoder layer's forward compiled (dynamic shapes; whatever Dynamo cannot trace runs eagerly);
   mlp     only the draft layers' MLPs and their two RMSNorms compiled (regions with no break).
 The compile is applied in the server processes by a `sitecustomize` on their PYTHONPATH (Python imports it at
 start-up) that wraps SGLang's classes once `sglang.srt.models.dflash` is imported: nothing in the product changes.
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/draft_compile_cpu.json")
     a = p.parse_args(argv)
-    vocab = 4096
+    vocab = json.loads((Path(config_for(a.config, "adaptive-w16")["model"]["path"]) / "config.json").read_text())[
+        "vocab_size"]
     results: dict[str, dict] = {"loads": {}, "warmup_s": {}}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         site = Path(tmp) / "site"

@@ -415,7 +415,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                                       positions=positions.reshape(-1))
 
     def _flush_deferred_append(self) -> None:
-        """Write the deferred width-1 appends in one pass (the same prefix-valid writer a per-step append uses)."""
+        """Write the deferred width-1 appends in one pass (the writer a per-step append uses: _append_committed)."""
         if not self._deferred:
             return
         steps, self._deferred = self._deferred, []

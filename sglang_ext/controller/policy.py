@@ -138,9 +138,10 @@ class Decision:
 # is the widest width's expected tokens per step over the current width's: it moves with acceptance only. (It was
 # the goodput ratio, which the cost table moves too: 30 % step-time jitter at 16 requests restarted the doubling
 # often enough to probe 3.9 % of width-1 steps instead of 1.9 %, benchmarks/probe_schedule.py --requests 16
-# --noise 0.3, results/probe_schedule_16.json.) benchmarks/probe_schedule.py (one request, acceptance 0.2 -> 0.9
-# a position, 40 seeds), with the goodput-ratio rule: 0.05 probed 4.2 % of width-1 steps and turned drafting on after 30 steps on average (before
-# the doubling, 20 seeds: 12 %, 27 steps); 0.1 and 0.2 probed 3.5-3.8 % but took 35-40 steps
+# --noise 0.3, results/probe_schedule_16.json; one request: 4.6 % and 27 steps, results/probe_schedule.json.)
+# The threshold, chosen with the goodput-ratio rule (one request, acceptance 0.2 -> 0.9 a position, 40 seeds):
+# 0.05 probed 4.2 % of width-1 steps and turned drafting on after 30 steps on average (before the doubling, 20
+# seeds: 12 %, 27 steps); 0.1 and 0.2 probed 3.5-3.8 % but took 35-40 steps
 PROBE_SURPRISE = 0.05
 
 
@@ -199,7 +200,7 @@ class BlockSizeController:
         self._dwell = 0
         self._since_draft = 0
         self._probe_backoff = 0  # near probes so far that left the best drafted width no nearer (doubling)
-        self._probe_ratio = float("inf")  # the acceptance evidence (_probe_interval) at the last probe
+        self._probe_evidence = float("inf")  # the acceptance evidence (_probe_interval) at the last probe
         self._last_bucket: int | None = None
         self.steps_decided = 0
         self.steps_observed = 0
@@ -223,7 +224,7 @@ class BlockSizeController:
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
             evidence = float(tokens[k + 1:].max()) / float(tokens[k])
             if float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k]):
-                if evidence > self._probe_ratio * (1.0 + PROBE_SURPRISE):
+                if evidence > self._probe_evidence * (1.0 + PROBE_SURPRISE):
                     self._probe_backoff = 0  # acceptance moved toward drafting since the last probe: look again
                 return min(far, cfg.probe_near_interval << self._probe_backoff), evidence
             return far, evidence
@@ -307,12 +308,12 @@ class BlockSizeController:
         draft_full = b >= self.max_block or (b > 1 and not self.prefix_drafts)
         probe = False
         if switched or cur is None:
-            self._probe_backoff, self._probe_ratio = 0, float("inf")
+            self._probe_backoff, self._probe_evidence = 0, float("inf")
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
-            interval, ratio = self._probe_interval(good, tokens, k, bs)
+            interval, evidence = self._probe_interval(good, tokens, k, bs)
             probe = draft_full = self._since_draft + 1 >= interval
             if draft_full:
-                self._probe_ratio = ratio
+                self._probe_evidence = evidence
                 if interval < self._far_probe_interval(bs):  # a near probe below the cap: the next one waits longer
                     self._probe_backoff += 1
         self._since_draft = 0 if draft_full else self._since_draft + 1
