@@ -6,11 +6,11 @@ what a step cost, what the controller and Prometheus are told -- and changes whe
 runs and is tested without SGLang or torch (tests/unit/test_controller_loop.py).
 
 Contract (the worker calls, in this order per decode step):
-  * ``begin_decode(rids, now, trees)`` -> ``Decision``: credits the start-to-start interval that just ended to the
-    decode step it measures (see "Step times") and asks the controller for this step's width (``trees`` False:
-    the batch cannot verify a tree);
-  * ``launched(step)``: the step is on its way; its host copies (``drafted``, ``committed``) are read only in
-    ``complete``, after SGLang's copy-done sync;
+  * ``begin_decode(rids, now, trees, sampled)`` -> ``Decision``: credits the start-to-start interval that just
+    ended to the decode step it measures (see "Step times") and asks the controller for this step's width
+    (``trees`` False: the batch cannot verify a tree; ``sampled``: which requests sample, None if all are greedy);
+  * ``launched(step)``: the step ``begin_decode`` last decided is on its way; its host copies (``drafted``,
+    ``committed``) are read only in ``complete``, after SGLang's copy-done sync;
   * ``complete(accepted, batch_size)``: SGLang's ``on_verify_complete_cpu``, in launch order; feeds acceptance,
     hindsight, the cost-table broadcast and metrics. Never raises: a fault is logged and counted
     (``dflash_controller_errors_total``) and serving keeps the last width;
@@ -104,7 +104,9 @@ class ControllerLoop:
         self._broadcast = broadcast
         # the latest launches, oldest first (None: a non-decode forward); an interval ending now is the oldest's
         self._launches: deque[StepStart | None] = deque(maxlen=2 if overlap else 1)
-        self._pending: deque[LaunchedStep] = deque()
+        # launched steps awaiting their results, each with its batch's ``sampled`` (given to begin_decode)
+        self._pending: deque[tuple[LaunchedStep, Sequence[bool] | None]] = deque()
+        self._sampled: Sequence[bool] | None = None  # the last begin_decode's
         self._finished: deque[str] = deque(maxlen=RECENT_FINISHED)
         self._finished_set: set[str] = set()
         self._published = float("-inf")
@@ -116,11 +118,13 @@ class ControllerLoop:
         return self.controller.candidates
 
     # -- launch side -------------------------------------------------------------------------------------------
-    def begin_decode(self, rids: list[str], now: float, trees: bool = True) -> Decision:
+    def begin_decode(self, rids: list[str], now: float, trees: bool = True,
+                     sampled: Sequence[bool] | None = None) -> Decision:
         window = self._launches
         if len(window) == window.maxlen and all(s is not None for s in window):
             self._record_step_time(now - window[-1].start, window[0])
-        decision = self.controller.decide(rids, trees)
+        decision = self.controller.decide(rids, trees, sampled)
+        self._sampled = sampled
         window.append(StepStart(now, len(rids), decision))
         return decision
 
@@ -128,7 +132,7 @@ class ControllerLoop:
         self._launches.append(None)
 
     def launched(self, step: LaunchedStep) -> None:
-        self._pending.append(step)
+        self._pending.append((step, self._sampled))
 
     def _record_step_time(self, seconds: float, step: StepStart) -> None:
         """The full step time T(B, b): from one decode step's start to the next's (draft, verify, draft-KV append,
@@ -149,32 +153,32 @@ class ControllerLoop:
 
     # -- result side (after SGLang's copy-done sync) -------------------------------------------------------------
     def complete(self, accepted: Sequence[int], batch_size: int) -> None:
-        step = self._pop(batch_size)
-        if step is None:
+        popped = self._pop(batch_size)
+        if popped is None:
             return
         try:
-            self._observe(step, np.asarray(accepted, dtype=np.int64))
+            self._observe(*popped, np.asarray(accepted, dtype=np.int64))
         except Exception:  # a controller fault must not take serving down: keep the last width, say so
             logger.exception("dflash-serve: controller feedback failed (serving continues)")
             if self.metrics is not None:
                 self.metrics.errors.inc()
 
-    def _pop(self, batch_size: int) -> LaunchedStep | None:
+    def _pop(self, batch_size: int) -> tuple[LaunchedStep, Sequence[bool] | None] | None:
         # Results arrive in launch order; a step whose result SGLang never processed is dropped here.
         while self._pending:
-            step = self._pending.popleft()
+            step, sampled = self._pending.popleft()
             if len(step.rids) == batch_size:
-                return step
+                return step, sampled
             logger.warning("dflash-serve: dropping feedback of a %d-request step (got %d)", len(step.rids),
                            batch_size)
         return None
 
-    def _observe(self, step: LaunchedStep, accepted: np.ndarray) -> None:
+    def _observe(self, step: LaunchedStep, sampled: Sequence[bool] | None, accepted: np.ndarray) -> None:
         d, ctl = step.decision, self.controller
         committed = step.committed.numpy()  # [bs, b]: a row is what it committed up to accepted + 1
         rows = committed if committed.shape[1] == 1 else [row[: a + 1] for row, a in zip(committed, accepted)]
         ctl.observe_step(step.rids, d.block_size, accepted,
-                         None if step.drafted is None else step.drafted.numpy(), rows)
+                         None if step.drafted is None else step.drafted.numpy(), rows, sampled)
         extra, budget = 0, None
         if step.tree_path is not None:
             ctl.observe_tree(d.block_size, step.rids, step.tree_path.numpy())

@@ -95,6 +95,15 @@ class DeferredAppend:
     positions: torch.Tensor  # [bs]
 
 
+def _sampled(batch) -> list[bool] | None:
+    """Which requests sample (the controller's prior class); None when all are greedy. Host-side: SGLang turns
+    temperature 0 into top_k 1, and ``is_all_greedy`` is a host flag of the batch's sampling info."""
+    si = batch.sampling_info
+    if si is None or si.is_all_greedy:
+        return None
+    return [req.sampling_params.top_k > 1 for req in batch.reqs]
+
+
 class AdaptiveDFlashWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker) -> None:
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -238,7 +247,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                                     pp_proxy_tensors=pp_proxy_tensors)
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
-        decision = self.loop.begin_decode(rids, now, trees=self._trees and self._tree_serves(batch))
+        decision = self.loop.begin_decode(rids, now, trees=self._trees and self._tree_serves(batch),
+                                          sampled=_sampled(batch))
         self._verify_runtimes.activate(decision.block_size)
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 

@@ -14,6 +14,14 @@ Model:
     p_gj = (a_gj + s0*p_g,j-1) / (n_gj + s0). Far positions are rarely tried (only after j-1 acceptances), so
     their prior should be their neighbour's estimate, not a flat m0 (which overstated long blocks on chat).
   * Request estimate shrunk toward the global one: p_rj = (a_rj + k*p_gj) / (n_rj + k).
+  * The global counts are kept per prior class (``classes``; the policy uses two: greedy and sampled requests),
+    and a request shrinks toward its own class's. A class's global counts decay only at steps where the class is in
+    the batch. Why: the global estimate is a new request's prior, and what a drafter's guesses are worth differs by
+    class -- a greedy request accepts a draft token that is the target's argmax, a sampled one with the target's
+    probability of it. On CPU, prose at temperature 1 after a 50-user greedy code phase started each request from
+    the code prior (E(16) ~ 8) and spent 15 % of its steps at width 16 for ~1.02 tokens a step
+    (benchmarks/results/sweep-cpu/prose). Why frozen while absent: nothing new is known of an absent class, and a
+    decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either kind of traffic.
 
 Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
 1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
@@ -42,6 +50,7 @@ class AcceptanceStats:
         global_prior_mean: float = 0.5,
         global_prior_strength: float = 2.0,
         capacity: int = 64,
+        classes: int = 1,
     ) -> None:
         if max_block < 1:
             raise ValueError(f"max_block: must be >= 1, got {max_block}")
@@ -52,8 +61,12 @@ class AcceptanceStats:
         self.k = float(prior_strength)
         self.m0 = float(global_prior_mean)
         self.s0 = float(global_prior_strength)
-        self.a_g = np.zeros(self.J)
-        self.n_g = np.zeros(self.J)
+        if classes < 1:
+            raise ValueError(f"classes: must be >= 1, got {classes}")
+        self.classes = int(classes)
+        self._a_g = np.zeros((self.classes, self.J))  # [class, J]
+        self._n_g = np.zeros((self.classes, self.J))
+        self.slot_class = np.zeros(0, dtype=np.intp)  # each slot's prior class (set by the caller, 0 when reset)
         self.capacity = 0
         # Position-major [J, capacity]: the hot path gathers columns and runs cumprod over contiguous rows.
         self.a_r = np.zeros((self.J, 0))
@@ -72,12 +85,25 @@ class AcceptanceStats:
         n = np.zeros((self.J, capacity))
         a[:, : self.capacity] = self.a_r
         n[:, : self.capacity] = self.n_r
-        self.a_r, self.n_r, self.capacity = a, n, capacity
+        c = np.zeros(capacity, dtype=np.intp)
+        c[: self.capacity] = self.slot_class
+        self.a_r, self.n_r, self.slot_class, self.capacity = a, n, c, capacity
 
     def reset(self, slots: np.ndarray) -> None:
-        """Zero the per-request counts of ``slots`` (request finished or slot reused)."""
+        """Zero the per-request counts of ``slots`` (request finished or slot reused); their class becomes 0."""
         self.a_r[:, slots] = 0.0
         self.n_r[:, slots] = 0.0
+        self.slot_class[slots] = 0
+
+    @property
+    def a_g(self) -> np.ndarray:
+        """Global accepted counts pooled over classes [J]."""
+        return self._a_g.sum(axis=0)
+
+    @property
+    def n_g(self) -> np.ndarray:
+        """Global tried counts pooled over classes [J]."""
+        return self._n_g.sum(axis=0)
 
     # -- updates ----------------------------------------------------------------------------------------------
     def _counts(self, groups: np.ndarray, n_groups: int, accepted: np.ndarray, tried: np.ndarray) -> tuple:
@@ -100,13 +126,20 @@ class AcceptanceStats:
         return A, N
 
     def step(self, slots: np.ndarray) -> None:
-        """One decode step elapsed with ``slots`` in the batch: decay their counts and the global counts."""
+        """One decode step elapsed with ``slots`` in the batch: decay their counts and their classes' global counts."""
         if self.decay < 1.0:
             self.a_r[:, slots] *= self.decay
             self.n_r[:, slots] *= self.decay
         if self.global_decay < 1.0:
-            self.a_g *= self.global_decay
-            self.n_g *= self.global_decay
+            if self.classes == 1:
+                self._a_g *= self.global_decay
+                self._n_g *= self.global_decay
+            else:
+                cls = self.slot_class[slots]
+                present = np.flatnonzero(np.bincount(cls, minlength=self.classes)) if cls.any() else (0,)
+                for c in present:
+                    self._a_g[c] *= self.global_decay
+                    self._n_g[c] *= self.global_decay
             self._pg_cache = None
             self._kpg_cache = None
 
@@ -119,57 +152,81 @@ class AcceptanceStats:
         A, N = self._counts(inv, uniq.size, accepted, tried)
         self.a_r[:, uniq] += A.T
         self.n_r[:, uniq] += N.T
-        self._add_global(A.sum(axis=0), N.sum(axis=0))
+        cls = self.slot_class[uniq]
+        if self.classes == 1 or not cls.any():
+            self._add_global(0, A.sum(axis=0), N.sum(axis=0))
+        else:
+            for c in range(self.classes):  # a few classes: masked sums beat np.add.at's per-row scatter
+                mine = cls == c
+                if mine.any():
+                    self._add_global(c, A[mine].sum(axis=0), N[mine].sum(axis=0))
 
-    def _add_global(self, a: np.ndarray, n: np.ndarray) -> None:
-        self.a_g = self.a_g + a
-        self.n_g = self.n_g + n
+    def _add_global(self, cls: int, a: np.ndarray, n: np.ndarray) -> None:
+        self._a_g[cls] += a
+        self._n_g[cls] += n
         self._pg_cache = None
         self._kpg_cache = None
 
-    def observe_global_only(self, accepted: np.ndarray, tried: np.ndarray) -> None:
-        """Observations whose request is gone (flushed at finish): global counts only."""
+    def observe_global_only(self, accepted: np.ndarray, tried: np.ndarray, cls: int = 0) -> None:
+        """Observations whose request is gone (flushed at finish): class ``cls``'s global counts only."""
         m = int(np.size(accepted))
         if m == 0 or self.J == 0:
             return
         A, N = self._counts(np.zeros(m, dtype=np.int64), 1, accepted, tried)
-        self._add_global(A[0], N[0])
+        self._add_global(int(cls), A[0], N[0])
 
     # -- estimates --------------------------------------------------------------------------------------------
-    def global_p(self) -> np.ndarray:
-        """Global p_j, j = 1..J (cached until the next update)."""
+    def _chained(self, a: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """[C, J] counts -> [C, J] estimates with the prior chained along positions.
+
+        p_j = alpha_j p_{j-1} + beta_j (alpha_j = s0 / (n_j + s0), beta_j = a_j / (n_j + s0), p_0 = m0) in closed
+        form: p_j = P_j (m0 + sum_{i<=j} beta_i / P_i), P_j = prod_{k<=j} alpha_k -- a few array operations
+        instead of a Python loop over positions (this runs at every decision: the step's decay changes the counts).
+        P_j >= (s0 / (n_max + s0))^J stays far above float64's range limit for any count this process reaches."""
+        den = n + self.s0
+        P = np.cumprod(self.s0 / den, axis=1)
+        return P * (self.m0 + np.cumsum(a / den / P, axis=1))
+
+    def class_p(self) -> np.ndarray:
+        """Global p_j of every class -> [classes, J] (cached until the next update)."""
         if self._pg_cache is None:
-            pg = np.empty(self.J)
-            prior = self.m0
-            for j in range(self.J):  # J <= ~15 scalars, once per update
-                prior = (float(self.a_g[j]) + self.s0 * prior) / (float(self.n_g[j]) + self.s0)
-                pg[j] = prior
-            self._pg_cache = pg
+            self._pg_cache = self._chained(self._a_g, self._n_g)
         return self._pg_cache
 
-    def request_p(self, slots: np.ndarray) -> np.ndarray:
-        """Shrunk per-request p_rj for ``slots`` -> [len(slots), J]. Slot 0 (no data) gives the global p."""
-        return self._request_p_t(slots).T
+    def global_p(self) -> np.ndarray:
+        """Global p_j, j = 1..J, of all classes' counts pooled (what the metrics publish)."""
+        if self.classes == 1:
+            return self.class_p()[0]
+        return self._chained(self.a_g[None], self.n_g[None])[0]
 
-    def _request_p_t(self, slots: np.ndarray) -> np.ndarray:
+    def request_p(self, slots: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
+        """Shrunk per-request p_rj for ``slots`` -> [len(slots), J]. Slot 0 (no data) gives its class's global p.
+        ``classes``: each slot's prior class for this call (None: the slots' own, ``slot_class``)."""
+        return self._request_p_t(slots, classes).T
+
+    def _request_p_t(self, slots: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
         """Position-major [J, len(slots)] estimates (a fresh array the caller may overwrite)."""
         a = self.a_r.take(slots, axis=1)
         n = self.n_r.take(slots, axis=1)
+        if classes is None and self.classes > 1:
+            classes = self.slot_class.take(slots)
+        mixed = classes is not None and classes.any()  # else every request is class 0's
         if self.k > 0.0:
             if self._kpg_cache is None:
-                self._kpg_cache = (self.k * self.global_p())[:, None]
-            a += self._kpg_cache
+                self._kpg_cache = self.k * self.class_p().T  # [J, classes]
+            a += self._kpg_cache.take(classes, axis=1) if mixed else self._kpg_cache[:, :1]
             n += self.k
             a /= n
             return a
-        pg = self.global_p()[:, None]
+        pg = self.class_p().T.take(classes, axis=1) if mixed else self.class_p()[0][:, None]
         safe = np.where(n > 0.0, n, 1.0)
         return np.where(n > 0.0, a / safe, pg)
 
-    def expected_tokens(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    def expected_tokens(self, slots: np.ndarray, blocks: np.ndarray,
+                        classes: np.ndarray | None = None) -> np.ndarray:
         """E_r(b) for each slot and block -> [len(slots), len(blocks)] (blocks are 1..max_block)."""
         blocks = np.asarray(blocks, dtype=np.int64)
-        p = self._request_p_t(slots)
+        p = self._request_p_t(slots, classes)
         s = np.zeros((self.J + 1, p.shape[1]))
         np.cumsum(np.cumprod(p, axis=0), axis=0, out=s[1:])
         return 1.0 + s[blocks - 1].T
@@ -184,23 +241,25 @@ class AcceptanceStats:
             self._mats[key] = m
         return m
 
-    def expected_tokens_t(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    def expected_tokens_t(self, slots: np.ndarray, blocks: np.ndarray,
+                          classes: np.ndarray | None = None) -> np.ndarray:
         """E_r(b) block-major -> [len(blocks), len(slots)] (the decision's hot path; fresh array)."""
         if not self.J:
             return np.ones((len(blocks), slots.shape[0]))
-        p = self._request_p_t(slots)
+        p = self._request_p_t(slots, classes)
         np.multiply.accumulate(p, axis=0, out=p)
         e = self._block_matrix(blocks) @ p
         e += 1.0
         return e
 
-    def batch_expected_tokens(self, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    def batch_expected_tokens(self, slots: np.ndarray, blocks: np.ndarray,
+                              classes: np.ndarray | None = None) -> np.ndarray:
         """sum_r E_r(b) over the batch for each block -> [len(blocks)]. The decision's hot path."""
         n = slots.shape[0]
         s = np.empty(self.J + 1)
         s[0] = 0.0
         if self.J:
-            p = self._request_p_t(slots)
+            p = self._request_p_t(slots, classes)
             np.cumprod(p, axis=0, out=p)
             np.cumsum(p.sum(axis=1), out=s[1:])
         return n + s[blocks - 1]

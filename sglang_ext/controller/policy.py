@@ -65,12 +65,14 @@ raises on other ranks, and even on rank 0 a measurement changes nothing until th
 ``sync_cost_table`` on all ranks at the same step (``cost_sync_due`` is computed from the identical step count).
 
 Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step):
-  1. ``d = decide(request_ids, trees)``: verify width ``d.block_size`` (above max_block: a tree; ``trees`` False:
-     the batch cannot verify a tree, so none is chosen); draft the full block iff ``d.draft_full``; else
-     draft nothing at b = 1 and, with ``prefix_drafts``, only the first b positions at b > 1 (``d.probe``: a
-     full draft the width alone would not have run, once every ``probe_interval`` steps so hindsight keeps learning).
-  2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed)``
-     (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``), and on rank 0
+  1. ``d = decide(request_ids, trees, sampled)``: verify width ``d.block_size`` (above max_block: a tree;
+     ``trees`` False: the batch cannot verify a tree, so none is chosen); draft the full block iff
+     ``d.draft_full``; else draft nothing at b = 1 and, with ``prefix_drafts``, only the first b positions at
+     b > 1 (``d.probe``: a full draft the width alone would not have run, once every ``probe_interval`` steps
+     so hindsight keeps learning).
+  2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed,
+     sampled)`` (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``;
+     ``sampled``: which requests sample, as given to decide -- the prior class, PRIOR_CLASSES), and on rank 0
      ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, request_ids,
      path)``. With overlap scheduling these arrive one step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
@@ -109,6 +111,20 @@ NEVER_FLOOR = 0.5
 # width-1 step itself. Near probes (a drafted width within probe_near_ratio) keep their short interval.
 PROBE_ROWS = 8
 PROBE_STRETCH_MAX = 4
+
+# Prior classes of the acceptance statistics (acceptance.py): 0 greedy requests, 1 sampled ones (``sampled`` in
+# decide / observe_step). A new request's estimate starts from its own class's global one.
+PRIOR_CLASSES = 2
+
+
+def _classes(sampled: Sequence[bool] | None, n: int) -> np.ndarray | None:
+    """Per-request prior class (None: every request greedy)."""
+    if sampled is None:
+        return None
+    cls = np.fromiter(sampled, dtype=np.intp, count=n)
+    if cls.shape[0] != n:
+        raise ValueError(f"sampled: expected {n} entries")
+    return cls
 
 
 @dataclass(frozen=True)
@@ -190,6 +206,7 @@ class BlockSizeController:
             global_prior_mean=cfg.global_prior_mean,
             global_prior_strength=cfg.global_prior_strength,
             capacity=cap,
+            classes=PRIOR_CLASSES,
         )
         self.hindsight = HindsightBuffer(self.max_block, cap) if self.J > 0 else None
         sched = cfg.schedule_map()
@@ -246,11 +263,15 @@ class BlockSizeController:
         self._last_key, self._last_gen, self._last_slots = key, self.slots.generation, slots
         return slots
 
-    def goodput(self, request_ids: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray]:
-        """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change."""
+    def goodput(self, request_ids: Sequence[Hashable],
+                sampled: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change.
+        ``sampled``: which requests sample (temperature > 0; None: all greedy) -- each starts from its class's
+        prior."""
         bs = len(request_ids)
         slots = self._lookup(request_ids)
-        E = self.stats.expected_tokens_t(slots, self._chain_cands)  # [candidates, bs]
+        classes = _classes(sampled, bs)
+        E = self.stats.expected_tokens_t(slots, self._chain_cands, classes)  # [candidates, bs]
         if self._tree_rows.size:
             E[self._tree_rows] = np.maximum(1.0, E[self._tree_rows] + self.tree_gain.extra()[:, None])
         tokens = E.sum(axis=1)
@@ -260,9 +281,11 @@ class BlockSizeController:
             eff = (bs * w.sum()) / (w / E).sum(axis=1)
         return eff / self.cost_model.row(bs)[self._cost_idx], tokens
 
-    def decide(self, request_ids: Sequence[Hashable], trees: bool = True) -> Decision:
+    def decide(self, request_ids: Sequence[Hashable], trees: bool = True,
+               sampled: Sequence[bool] | None = None) -> Decision:
         """Choose this step's block size for the batch ``request_ids`` (vectorised; ~tens of µs at batch 64);
-        ``trees`` False: this batch cannot verify a tree (a tree width becomes the widest chain width)."""
+        ``trees`` False: this batch cannot verify a tree (a tree width becomes the widest chain width);
+        ``sampled``: which requests sample (None: all greedy; see PRIOR_CLASSES)."""
         bs = len(request_ids)
         version = self.cost_model.version
         if bs == 0:  # nothing to run; report the mode's block without changing any state
@@ -273,7 +296,7 @@ class BlockSizeController:
             else:
                 b = self._cands[self._cur] if self._cur is not None else self._cands[0]
             return Decision(int(b), False, 0.0, 0.0, False, version)  # type: ignore[arg-type]
-        good, tokens = self.goodput(request_ids)
+        good, tokens = self.goodput(request_ids, sampled)
         cfg = self.cfg
         cur = self._cur
         if cfg.mode == "fixed":
@@ -368,12 +391,15 @@ class BlockSizeController:
         accepted: np.ndarray | Sequence[int],
         drafted: np.ndarray | None,
         committed: Sequence[Sequence[int]],
+        sampled: Sequence[bool] | None = None,
     ) -> None:
         """Feed one verified step.
 
         accepted[i]: draft tokens accepted for request i (0..block_size-1).
         drafted: [bs, max_block-1] full drafted block after the anchor, or None when the draft was skipped.
         committed[i]: the tokens committed for request i this step (len = accepted[i] + 1).
+        sampled[i]: request i samples (temperature > 0); None: every request is greedy. It picks the prior class
+        whose global counts the request's observations feed (PRIOR_CLASSES).
         With a full drafted block, hindsight (drafted vs committed stream) is the only acceptance observation for
         that block: it subsumes the censored verify result, so the step is never counted twice. Without one, the
         verify result is recorded censored at width block_size.
@@ -401,6 +427,7 @@ class BlockSizeController:
                 raise ValueError(f"drafted: expected shape ({n}, {self.J}), got {drafted.shape}")
         if len(set(request_ids)) != n:
             raise ValueError("request_ids: duplicate ids in one step")
+        classes = _classes(sampled, n)
 
         slots, new, grew = self.slots.assign(request_ids)
         if grew:
@@ -411,6 +438,8 @@ class BlockSizeController:
             self.stats.reset(new)
             if self.hindsight is not None:
                 self.hindsight.reset(new)
+        if classes is not None:
+            self.stats.slot_class[slots] = classes
 
         self.stats.step(slots)
         if drafted is not None and self.hindsight is not None:
@@ -444,7 +473,7 @@ class BlockSizeController:
             return
         if self.hindsight is not None:
             acc, tried = self.hindsight.flush(slot)
-            self.stats.observe_global_only(acc, tried)
+            self.stats.observe_global_only(acc, tried, int(self.stats.slot_class[slot]))
         self.stats.reset(np.asarray([slot], dtype=np.intp))
 
     # -- cost table (rank 0 measures; everyone loads the broadcast) -----------------------------------------------
@@ -488,7 +517,7 @@ class BlockSizeController:
         return None if self._cur is None else int(self._cands[self._cur])
 
     def acceptance_probabilities(self) -> np.ndarray:
-        """Global p_j, j = 1..max_block-1 (copy)."""
+        """Global p_j, j = 1..max_block-1, every class's counts pooled (copy)."""
         return self.stats.global_p().copy()
 
     def expected_tokens(self, request_ids: Sequence[Hashable]) -> np.ndarray:

@@ -39,8 +39,9 @@ def loop(registry=None, **controller) -> ControllerLoop:
     return ControllerLoop(AdaptiveSettings(cfg), B, is_rank0=True, metrics=metrics)
 
 
-def launch(lp: ControllerLoop, rids: list[str], now: float, committed: list[list[int]], drafted=None):
-    d = lp.begin_decode(rids, now)
+def launch(lp: ControllerLoop, rids: list[str], now: float, committed: list[list[int]], drafted=None,
+           sampled=None):
+    d = lp.begin_decode(rids, now, sampled=sampled)
     step = LaunchedStep(rids, d, None if drafted is None else Host(np.asarray(drafted)),
                         Host(np.asarray(committed)))
     lp.launched(step)
@@ -97,6 +98,21 @@ def test_accepted_drafts_raise_the_acceptance_estimate_and_finished_requests_are
     lp.complete([B - 1], batch_size=1)
     assert "a" not in lp.controller.slots  # forgotten, not resurrected by the late result
     assert (lp.controller.stats.global_p() > prior).all()
+
+
+def test_each_steps_sampled_requests_feed_their_own_prior_class():
+    """What begin_decode was told about a batch reaches the controller with that step's results, even when the
+    next step (another batch) was launched before they arrived."""
+    lp = loop(None, mode="fixed", fixed_block=B)
+    block = list(range(1, B + 1))
+    launch(lp, ["g", "s"], 0.0, [block, block], drafted=[block[:-1]] * 2, sampled=[False, True])
+    launch(lp, ["g"], 1.0, [block], drafted=[block[:-1]])  # in flight before the first step's results
+    lp.complete([B - 1, B - 1], batch_size=2)
+    lp.complete([B - 1], batch_size=1)
+    stats = lp.controller.stats
+    assert list(stats.slot_class[lp.controller.slots.lookup(["g", "s"])]) == [0, 1]
+    # s's one observation to class 1 (absent from the second step: not decayed), g's two to class 0
+    assert stats._n_g[1, 0] == 1.0 and stats._n_g[0, 0] == pytest.approx(1.0 + lp.controller.cfg.global_decay)
 
 
 def test_cost_table_is_broadcast_from_rank0_at_the_sync_interval():

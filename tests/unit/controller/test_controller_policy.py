@@ -21,7 +21,8 @@ def flat_cost(per_block: dict[int, float] | None = None, measured: bool = True) 
     return CostModel(BUCKETS, BLOCKS, np.array([row] * len(BUCKETS)), seed_measured=measured)
 
 
-def feed(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, full_draft: bool = True) -> None:
+def feed(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, full_draft: bool = True,
+         sampled: list[bool] | None = None) -> None:
     """One step where request i's draft matches its first runs[i] tokens (tokens are unique per step)."""
     base = ctrl.steps_observed * 1000
     drafted = np.zeros((len(ids), J), dtype=np.int64)
@@ -32,7 +33,7 @@ def feed(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, full_dr
         drafted[i] = truth[:J]
         drafted[i, r:] += 50_000
         committed.append(truth[: k + 1].tolist())
-    ctrl.observe_step(ids, b, acc, drafted if full_draft else None, committed)
+    ctrl.observe_step(ids, b, acc, drafted if full_draft else None, committed, sampled)
 
 
 @settings(max_examples=30, deadline=None)
@@ -300,6 +301,45 @@ def test_capacity_grows_and_unknown_ids_use_the_global_estimate() -> None:
     e_new = ctrl.expected_tokens(["never-seen"])
     assert e_new.shape == (1, len(BLOCKS))
     assert ctrl.live_requests == 40  # decide/expected_tokens do not allocate
+
+
+def test_sampled_requests_start_from_their_own_prior_not_the_greedy_traffics() -> None:
+    """A prose request at temperature 1 arriving after a busy greedy code phase must not be priced at the code's
+    acceptance (the drafter's guesses are worth less to a sampled request), and a sampled phase must not erase what
+    greedy requests taught; a class absent from the batch keeps its evidence."""
+    cost = flat_cost({1: 0.010, 2: 0.012, 4: 0.015, 8: 0.018, 16: 0.024})
+    ctrl = BlockSizeController(ControllerConfig(), cost)
+    code = [f"code-{i}" for i in range(32)]
+    for _ in range(100):  # a busy greedy phase that accepts every draft token
+        feed(ctrl, code, np.full(32, J), 16)
+    for rid in code:
+        ctrl.finish(rid)
+
+    def e16(rid: str, sampled: bool) -> float:
+        return float(ctrl.goodput([rid], [sampled] if sampled else None)[1][-1])
+
+    assert e16("new", False) > 10.0  # a greedy newcomer starts from the code traffic's acceptance
+    assert e16("new", True) < 2.5  # a sampled one from the flat prior (E(16) = 2 at p = 0.5)
+    assert BLOCKS[int(ctrl.goodput(["g"])[0].argmax())] == 16
+    # a sampled phase that accepts nothing
+    for k in range(8):
+        rid = f"prose-{k}"
+        for _ in range(10):
+            feed(ctrl, [rid], np.zeros(1, dtype=np.int64), 16, sampled=[True])
+        ctrl.finish(rid)
+    assert e16("new", True) < 1.3
+    assert BLOCKS[int(ctrl.goodput(["s"], [True])[0].argmax())] == 1
+    assert e16("new", False) > 10.0
+    # greedy traffic alone for a long time: the sampled class's evidence is kept, not decayed to the flat prior
+    for _ in range(400):
+        feed(ctrl, ["g2"], np.full(1, J), 16)
+    assert e16("new", True) < 1.3
+    # one batch mixing both: each request's expected tokens come from its own class
+    mixed = ctrl.stats.expected_tokens(ctrl.slots.lookup(["a", "b"]), np.array([16]), np.array([0, 1]))[:, 0]
+    assert mixed[0] > 10.0 and mixed[1] < 1.3
+    # the published acceptance pools both classes' counts
+    pooled = ctrl.acceptance_probabilities()
+    assert ctrl.stats.class_p()[1, 0] < pooled[0] < ctrl.stats.class_p()[0, 0]
 
 
 def test_observe_step_validation() -> None:
