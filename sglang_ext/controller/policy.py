@@ -121,9 +121,9 @@ def _classes(sampled: Sequence[bool] | None, n: int) -> np.ndarray | None:
     """Per-request prior class (None: every request greedy)."""
     if sampled is None:
         return None
-    cls = np.fromiter(sampled, dtype=np.intp, count=n)
-    if cls.shape[0] != n:
-        raise ValueError(f"sampled: expected {n} entries")
+    cls = np.asarray(sampled, dtype=np.intp)
+    if cls.shape != (n,):
+        raise ValueError(f"sampled: expected {n} entries, got shape {cls.shape}")
     return cls
 
 

@@ -344,6 +344,10 @@ def test_sampled_requests_start_from_their_own_prior_not_the_greedy_traffics() -
 
 def test_observe_step_validation() -> None:
     ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
+    with pytest.raises(ValueError, match=r"^sampled:"):
+        ctrl.observe_step(["a", "b"], 1, np.array([0, 0]), None, [[1], [2]], [True, False, True])
+    with pytest.raises(ValueError, match=r"^sampled:"):
+        ctrl.decide(["a", "b"], sampled=[True])
     ok_draft = np.zeros((2, J), dtype=np.int64)
     with pytest.raises(ValueError, match=r"^accepted:"):
         ctrl.observe_step(["a", "b"], 4, np.array([0, 4]), ok_draft, [[1], [1, 2, 3, 4, 5]])
