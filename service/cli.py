@@ -14,7 +14,8 @@ def _serve(a: argparse.Namespace) -> int:
     config = load_config(a.config)
     if a.node_rank is not None:
         config = launcher.with_node_rank(config, a.node_rank)
-    plan = launcher.plan(config)
+    # The server process checks sglang_args (it imports SGLang anyway); --dry-run checks them here.
+    plan = launcher.plan(config, validate_sglang_args=a.dry_run)
     if a.dry_run:
         print(plan.printable())
         return 0

@@ -9,6 +9,7 @@ such a kill).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shlex
 import signal
@@ -34,12 +35,13 @@ class LaunchPlan:
 
 
 def _sglang_command() -> list[str]:
-    # = `sglang serve`, but the API key comes from the environment, never the command line.
-    return [sys.executable, "-m", "sglang_ext.serve_entry"]
+    # = `sglang serve`, but the API key comes from the environment, never the command line, and the config's
+    # sglang_args are checked there (service/server_entry.py).
+    return [sys.executable, "-m", "service.server_entry"]
 
 
 def activate_cpu_layer_here() -> None:
-    """Importing sglang in *this* process (to validate sglang_args) needs the CPU stubs too."""
+    """Importing sglang in *this* process (`check`, `fleet`: to validate sglang_args) needs the CPU stubs too."""
     os.environ[env_names.CPU] = "1"
     from sglang_ext.cpu import startup
 
@@ -54,6 +56,7 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     else:
         env.pop(env_names.CPU, None)
     env.pop(env_names.ADAPTIVE, None)
+    env.pop(env_names.SGLANG_ARGS, None)  # only this config's, set by plan()
     env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
     if config.speculative.algorithm == "dflash_adaptive":
         env[env_names.ADAPTIVE] = config.speculative.adaptive_settings().to_json()
@@ -101,18 +104,24 @@ def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
 
 
 def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
-    """Preflight + argument building. Raises ConfigError naming the field."""
+    """Preflight + argument building. Raises ConfigError naming the field.
+
+    `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang, ~7 s).
+    The server process checks them again in any case before it starts (service/server_entry.py), so `serve`
+    passes False and a bad one still fails with its config error, without a second import."""
     report = preflight.check(config)
     api_key = resolve_api_key(config)
     if validate_sglang_args and config.sglang_args:
         if config.server.device is Device.cpu:
             activate_cpu_layer_here()
-        sglang_args.validate_passthrough(config)
+        sglang_args.validate_passthrough(config.sglang_args)
     args = sglang_args.build_args(config, block_size=report.block_size)
     argv = _sglang_command() + ["serve"] + sglang_args.to_argv(args)
     env = server_env(config)
     if api_key:
         env[env_names.API_KEY] = api_key
+    if config.sglang_args:
+        env[env_names.SGLANG_ARGS] = json.dumps(config.sglang_args)
     return LaunchPlan(argv=argv, env=env, report=report)
 
 

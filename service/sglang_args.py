@@ -64,7 +64,7 @@ def to_argv(items: dict[str, Any]) -> list[str]:
 
 def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, Any]:
     """All server arguments by dest name, in a stable order. The API key is not among them: it travels
-    by environment (sglang_ext/serve_entry.py) so it never appears on a command line."""
+    by environment (service/server_entry.py) so it never appears on a command line."""
     m, s, sp = config.model, config.server, config.speculative
     args: dict[str, Any] = {
         "model_path": m.path, "tokenizer_path": m.tokenizer, "dtype": m.dtype,
@@ -81,9 +81,10 @@ def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, 
     return args | config.sglang_args
 
 
-def validate_passthrough(config: ServeConfig, parser: argparse.ArgumentParser | None = None) -> None:
-    """Every `sglang_args` key must be a real SGLang flag not owned by the config, and its value must parse."""
-    check_flags(config.sglang_args, parser or sglang_parser(), section="sglang_args", command="sglang serve",
+def validate_passthrough(items: dict[str, Any], parser: argparse.ArgumentParser | None = None) -> None:
+    """Every key of a config's `sglang_args` (`items`) must be a real SGLang flag not owned by the config, and its
+    value must parse."""
+    check_flags(items, parser or sglang_parser(), section="sglang_args", command="sglang serve",
                 owned={k: _CONFIG_FIELD_FOR.get(k, "speculative") for k in _OWNED}, base_argv=["--model-path", "_"])
 
 

@@ -21,8 +21,11 @@ the launcher (service/config.py) and read once by the worker."""
 HTTP = "DFLASH_SERVE_HTTP"
 """JSON of settings.HttpSettings; its presence activates patches/http_guard.py (only under `dflash-serve`)."""
 API_KEY = "DFLASH_SERVE_SGLANG_API_KEY"
-"""The API key on its way to `sglang serve` (serve_entry.py moves it into argv inside the process and deletes it):
-never on a command line, which every user can read."""
+"""The API key on its way to `sglang serve` (service/server_entry.py moves it into argv inside the process and
+deletes it): never on a command line, which every user can read."""
+SGLANG_ARGS = "DFLASH_SERVE_SGLANG_ARGS"
+"""JSON of the config's `sglang_args`: checked against SGLang's own parser by the server process
+(service/server_entry.py), which imports SGLang anyway, so the launcher need not."""
 
 # Set by tests, read by the plugin ----------------------------------------------------------------------------------
 TRITON_ON_CPU = "DFLASH_SERVE_TRITON_ON_CPU"

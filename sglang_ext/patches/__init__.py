@@ -24,6 +24,7 @@ ALL_DEVICES: tuple[tuple[str, str], ...] = (
     ("idle_metrics", "idle gauges published on the first idle pass"),
     ("profiler_spans", "the per-step result-copy profiler span only while a profiler records"),
     ("http_guard", "OpenAI-shaped errors, 404/413/415, 503 while draining (dflash-serve only)"),
+    ("prompt_shutdown", "exit when the SIGTERM drain is over, not on upstream's next 5-s tick"),
     ("algorithm_name_sites", "name comparisons where DFLASH_ADAPTIVE must answer as DFLASH"),
 )
 # applied only when the CPU layer is active (DFLASH_SERVE_CPU=1)

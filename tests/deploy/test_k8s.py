@@ -328,7 +328,7 @@ def test_sglang_args_parse_with_sglang():
     configs = [yaml.safe_dump(config_of(render(n), w)[0]) for n in SERVING for w in replica_workloads(render(n))]
     code = ("import sys, yaml\nfrom service.config import parse_config\nfrom service.sglang_args import "
             "validate_passthrough\nfor text in yaml.safe_load(sys.stdin.read()):\n"
-            "    validate_passthrough(parse_config(yaml.safe_load(text)))\n")
+            "    validate_passthrough(parse_config(yaml.safe_load(text)).sglang_args)\n")
     r = subprocess.run([sys.executable, "-c", code], input=yaml.safe_dump(configs), capture_output=True, text=True,
                        cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

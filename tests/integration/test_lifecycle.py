@@ -17,8 +17,10 @@ pytestmark = pytest.mark.server
 
 
 def _pids_of_session(sid: int) -> list[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True).stdout.split()
-    return [int(p) for p, s in zip(out[::2], out[1::2]) if int(s) == sid]
+    """Live processes of session `sid`. A zombie is dead and holds nothing but its PID until init reaps it (here
+    SGLang's multiprocessing resource tracker, orphaned by the launcher's group kill: seen for ~1.5 s)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout.split()
+    return [int(p) for p, s, st in zip(out[::3], out[1::3], out[2::3]) if int(s) == sid and not st.startswith("Z")]
 
 
 def test_sigterm_lets_in_flight_request_finish_then_exits(tiny_pair, tmp_path):

@@ -157,7 +157,7 @@ def test_api_key_comes_from_the_named_environment_variable(tmp_path, tiny_pair, 
         plan(cfg, validate_sglang_args=False)
     monkeypatch.setenv("DFLASH_TEST_KEY", "s3cret")
     p = plan(cfg, validate_sglang_args=False)
-    # The key travels by environment to sglang_ext.serve_entry, never on the (world-readable) command line.
+    # The key travels by environment to service.server_entry, never on the (world-readable) command line.
     assert p.env["DFLASH_SERVE_SGLANG_API_KEY"] == "s3cret"
     assert not any("s3cret" in a for a in p.argv)
 
@@ -195,6 +195,19 @@ def test_sglang_args_are_checked_against_sglangs_parser(tmp_path, tiny_pair):
     assert "sglang_args.chunked_prefil_size: not an `sglang serve` argument (did you mean 'chunked_prefill_size'?)" in r.stderr
 
 
+def test_serve_refuses_a_bad_sglang_arg_before_loading_anything(tmp_path, tiny_pair):
+    """`serve` leaves the check to the server process (it imports SGLang anyway; service/server_entry.py): the
+    same config error, exit status 2, and no model loaded."""
+    from harness.server import free_port
+
+    data = good(tiny_pair) | {"sglang_args": {"chunked_prefil_size": 512},
+                              "server": {"device": "cpu", "port": free_port()}}
+    r = cli("serve", "-c", str(write(tmp_path, data)))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "dflash-serve: error: sglang_args.chunked_prefil_size: not an `sglang serve` argument" in r.stderr
+    assert "Load weight begin" not in r.stderr
+
+
 def test_sglang_args_values_and_owned_flags(tiny_pair, tmp_path):
     from service.launcher import activate_cpu_layer_here
     from service.sglang_args import validate_passthrough
@@ -209,10 +222,10 @@ def test_sglang_args_values_and_owned_flags(tiny_pair, tmp_path):
     for args, message in cases:
         cfg = load_config(write(tmp_path, good(tiny_pair) | {"sglang_args": args}))
         with pytest.raises(ConfigError) as e:
-            validate_passthrough(cfg)
+            validate_passthrough(cfg.sglang_args)
         assert message in str(e.value)
     ok = load_config(write(tmp_path, good(tiny_pair) | {"sglang_args": {"chunked_prefill_size": 512, "log_requests": True}}))
-    validate_passthrough(ok)
+    validate_passthrough(ok.sglang_args)
 
 
 def test_serve_refuses_a_port_in_use(tmp_path, tiny_pair):

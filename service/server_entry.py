@@ -1,0 +1,45 @@
+"""`python -m service.server_entry serve ...` = `sglang serve ...`: the server process `dflash-serve serve` starts.
+
+Two things happen here, before SGLang's own CLI runs, because this process imports SGLang anyway:
+
+- The config's `sglang_args` are checked against SGLang's real `serve` parser (service/sglang_args.py), arriving
+  as JSON in `DFLASH_SERVE_SGLANG_ARGS`. Checking them in the launcher cost a second `import sglang` (~7 s of
+  every start, measured: 34.7 s to healthy on this repo's CI machine); a bad one still fails with the same
+  `dflash-serve: error: sglang_args.<key>: ...` and exit status 2, before anything is loaded.
+- SGLang reads its API key only from `--api-key`, and a command line is world-readable (`ps`,
+  /proc/PID/cmdline). The launcher therefore passes the key in `DFLASH_SERVE_SGLANG_API_KEY`; it is moved into
+  sys.argv inside the process (the kernel's copy of the command line is not changed) and removed from the
+  environment so SGLang's children do not inherit it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from service.config import ConfigError
+from sglang_ext import names as env
+
+
+def main() -> int:
+    passthrough = os.environ.pop(env.SGLANG_ARGS, None)
+    if passthrough:
+        from service.sglang_args import validate_passthrough
+
+        try:
+            validate_passthrough(json.loads(passthrough))
+        except ConfigError as e:
+            print(f"dflash-serve: error: {e}", file=sys.stderr)
+            return 2
+    key = os.environ.pop(env.API_KEY, None)
+    argv = ["sglang", *sys.argv[1:]]
+    if key:
+        argv += ["--api-key", key]
+    sys.argv = argv
+    from sglang.cli.main import main as sglang_main
+
+    return sglang_main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
