@@ -59,6 +59,8 @@ class Metrics(Protocol):
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray,
                     predicted_goodput: float) -> None: ...
 
+    def flush(self) -> None: ...
+
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None) -> None: ...
 
@@ -209,6 +211,8 @@ class ControllerLoop:
                                   cost.block_sizes, cost.table, self.controller.tree_gain.extra())
 
     def request_finished(self, rid: str) -> None:
+        if self.metrics is not None:
+            self.metrics.flush()  # the steps counted in process are on /metrics before the request's answer
         self.controller.finish(rid)
         if len(self._finished) == self._finished.maxlen:
             self._finished_set.discard(self._finished[0])

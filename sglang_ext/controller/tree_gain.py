@@ -55,6 +55,7 @@ class TreeGain:
         self._sum = np.zeros(len(self.widths))
         self._n = np.zeros(len(self.widths))
         self.steps = np.zeros(len(self.widths), dtype=np.int64)  # tree steps that measured each width
+        self.version = 0  # bumped by every observation
 
     def observe(self, extra: np.ndarray, observed: np.ndarray) -> None:
         """``extra`` [bs, len(widths)]: tokens accepted past chain B's per request; ``observed`` [len(widths)] bool."""
@@ -66,6 +67,7 @@ class TreeGain:
         self._sum[m] = self._sum[m] * self.decay + e[:, m].sum(axis=0)
         self._n[m] = self._n[m] * self.decay + e.shape[0]
         self.steps[m] += 1
+        self.version += 1
 
     def extra(self) -> np.ndarray:
         """Expected tokens per request-step past chain B, per width (0 before any evidence)."""

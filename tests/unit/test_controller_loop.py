@@ -291,6 +291,7 @@ def test_width1_steps_count_their_requests_and_one_token_each():
     for i in range(3):
         launch(lp, ["a", "b"], 1.0 + i, [[5], [6]])
         lp.complete([0, 0], 2)
+    lp.request_finished("a")  # writes the width-1 steps counted in process
     value = reg.get_sample_value
     labels = {"model_name": "m"}
     assert value("dflash_verify_steps_total", labels) == 6
@@ -300,3 +301,37 @@ def test_width1_steps_count_their_requests_and_one_token_each():
     assert value("dflash_committed_tokens_per_step_count", labels) == 6
     assert value("dflash_committed_tokens_per_step_sum", labels) == 6
     assert value("dflash_committed_tokens_per_step_bucket", labels | {"le": "1.0"}) == 6
+
+
+def test_width1_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished_requests_answer():
+    """Width-1 steps are counted in process (WIDTH1_FLUSH_STEPS): on /metrics at most that many steps late, before
+    any step of another width, and as soon as a request finishes (SGLang then sends its answer)."""
+    from sglang_ext.metrics import WIDTH1_FLUSH_STEPS as N
+
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="schedule", schedule={1: 1, 2: 4})
+    steps_at = lambda b: reg.get_sample_value("dflash_block_size_steps_total", {"model_name": "m", "block_size": str(b)})
+    t = 1.0
+    for _ in range(N):
+        launch(lp, ["a"], t, [[5]])
+        lp.complete([0], 1)
+        t += 1.0
+    assert steps_at(1) == 1  # the first (a new width) at once; N - 1 counted in process
+    launch(lp, ["a"], t, [[5]])
+    lp.complete([0], 1)
+    assert steps_at(1) == N + 1  # the N-th counted step wrote them all
+    for _ in range(3):
+        t += 1.0
+        launch(lp, ["a"], t, [[5]])
+        lp.complete([0], 1)
+    launch(lp, ["a", "b"], t + 1.0, [[5, 6, 7, 8], [5, 6, 7, 8]])  # batch of 2: width 4
+    lp.complete([0, 0], 2)
+    assert steps_at(1) == N + 4 and steps_at(4) == 1  # another width writes the counted steps first
+    for _ in range(2):
+        t += 1.0
+        launch(lp, ["a"], t + 1.0, [[5]])
+        lp.complete([0], 1)
+    assert steps_at(1) == N + 5
+    lp.request_finished("a")
+    assert steps_at(1) == N + 6
+    assert reg.get_sample_value("dflash_verify_steps_total", {"model_name": "m"}) == N + 6 + 2

@@ -519,3 +519,75 @@ def test_a_tree_that_misses_the_chains_deep_end_learns_a_loss_and_is_dropped() -
         ctrl.observe_tree(32, ids, path)
     assert ctrl.tree_gain.extra()[0] < -3.0
     assert ctrl.decide(ids).block_size == 16
+
+
+def _width1_run(fast: bool) -> BlockSizeController:
+    """Width-1 steps of one batch with probes between them; committed as the worker hands it ([bs, 1] array: the
+    elapsed-step path) or as lists (the general path)."""
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
+    ids, sampled = ["a", "b", "c"], [False, True, False]
+    rng = np.random.default_rng(3)
+    for step in range(60):
+        if step % 13 == 5:  # a probe: a full draft, resolved by hindsight over the next steps
+            feed(ctrl, ids, rng.integers(0, 6, 3), 1, sampled=sampled)
+            continue
+        committed = 7 + np.arange(3).reshape(3, 1) + 10 * step
+        ctrl.observe_step(ids, 1, np.zeros(3, dtype=np.int64), None,
+                          committed if fast else committed.tolist(), sampled)
+        if step == 40:
+            ctrl.finish("b")
+            ids, sampled = ["a", "c", "d"], [False, False, True]
+    return ctrl
+
+
+def test_a_width1_step_of_an_unchanged_batch_observes_exactly_what_the_general_path_does() -> None:
+    """_observe_elapsed (a width-1 step without a draft, same batch, nothing awaiting hindsight) and the deferred
+    decay it uses leave the counts the general path leaves, through probes, a finished request and a newcomer."""
+    fast, general = _width1_run(True), _width1_run(False)
+    assert fast.steps_observed == general.steps_observed == 60
+    for name in ("a_r", "n_r", "_a_g", "_n_g"):
+        fast.stats.flush_decay()
+        assert np.allclose(getattr(fast.stats, name), getattr(general.stats, name), rtol=1e-12, atol=0), name
+    ids = ["a", "c", "d"]
+    assert np.allclose(fast.goodput(ids, [False, False, True])[0], general.goodput(ids, [False, False, True])[0])
+
+
+def test_a_width1_step_of_an_unchanged_batch_is_still_checked() -> None:
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
+    ctrl.observe_step(["a", "b"], 1, np.zeros(2, dtype=np.int64), None, np.array([[1], [2]]))
+    with pytest.raises(ValueError, match=r"^accepted: values must be in 0\.\.0"):
+        ctrl.observe_step(["a", "b"], 1, np.array([0, 1]), None, np.array([[1], [2]]))
+    with pytest.raises(ValueError, match=r"^accepted: expected 2"):
+        ctrl.observe_step(["a", "b"], 1, np.zeros(3, dtype=np.int64), None, np.array([[1], [2]]))
+    with pytest.raises(ValueError, match=r"^committed:"):
+        ctrl.observe_step(["a", "b"], 1, np.zeros(2, dtype=np.int64), None, np.array([[1, 3], [2, 4]]))
+
+
+def test_decisions_reuse_their_estimate_only_while_nothing_but_the_decay_changed(monkeypatch) -> None:
+    """GOODPUT_REUSE_STEPS: the estimate is recomputed at least that often, and at once after an observation,
+    a batch change, another class mix or a cost-table sync."""
+    from sglang_ext.controller import policy
+
+    ctrl = BlockSizeController(ControllerConfig(probe_interval=0, explore_margin=0.0), CostModel.default(BLOCKS))
+    calls = []
+    real = BlockSizeController.goodput
+    monkeypatch.setattr(BlockSizeController, "goodput", lambda self, *a: calls.append(1) or real(self, *a))
+
+    def computed(decide) -> int:
+        before = len(calls)
+        decide()
+        return len(calls) - before
+
+    ids = ["a", "b"]
+    assert computed(lambda: ctrl.decide(ids)) == 1
+    assert computed(lambda: ctrl.decide(ids)) == 1  # the first decision set the current width: an input
+    reused = [computed(lambda: ctrl.decide(ids)) for _ in range(3 * policy.GOODPUT_REUSE_STEPS)]
+    n = policy.GOODPUT_REUSE_STEPS
+    assert reused == ([0] * (n - 1) + [1]) * 3  # every GOODPUT_REUSE_STEPS decisions
+    assert computed(lambda: ctrl.decide(["a"])) == 1  # another batch
+    assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 1  # another class
+    feed(ctrl, ["a"], np.array([5]), 16)
+    assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 1  # an observation
+    ctrl.sync_cost_table()
+    assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 1  # a new cost table
+    assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 0
