@@ -106,7 +106,7 @@ def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
 def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
     """Preflight + argument building. Raises ConfigError naming the field.
 
-    `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang, ~7 s).
+    `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang, ~5 s).
     The server process checks them again in any case before it starts (service/server_entry.py), so `serve`
     passes False and a bad one still fails with its config error, without a second import."""
     report = preflight.check(config)
