@@ -24,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
-
+from benchmarks.acceptance import server_config  # noqa: E402  (the default config as users run it)
 from harness.server import ManagedServer  # noqa: E402
 
 # (column, the log line that marks it); the first is the launcher handing over to SGLang
@@ -39,19 +38,9 @@ MARKS = (
 )
 
 
-def config() -> dict:
-    """The default config with its relative model paths made absolute (they are relative to its own folder)."""
-    path = ROOT / "deploy/configs/cpu.yaml"
-    cfg = yaml.safe_load(path.read_text())
-    cfg["model"]["path"] = str((path.parent / cfg["model"]["path"]).resolve())
-    spec = cfg.get("speculative", {})
-    if spec.get("draft_model_path"):
-        spec["draft_model_path"] = str((path.parent / spec["draft_model_path"]).resolve())
-    return cfg
-
-
 def one_run(workdir: Path, name: str, env: dict[str, str] | None) -> dict[str, float]:
-    server = ManagedServer(config(), workdir, name, env=env)
+    server = ManagedServer(server_config(ROOT / "deploy/configs/cpu.yaml", speculative=True), workdir, name,
+                           env=env)
     t0 = time.monotonic()
     server.spawn()
     out: dict[str, float] = {}

@@ -106,8 +106,8 @@ class AcceptanceStats:
 
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:
         """The prior class of each of ``slots`` (PRIOR_CLASSES in policy.py)."""
-        self.flush_decay()
         if not np.array_equal(self.slot_class[slots], classes):
+            self.flush_decay()  # the deferred decay applies to the classes the slots had
             self.slot_class[slots] = classes
             self.version += 1
 
