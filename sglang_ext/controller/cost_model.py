@@ -15,7 +15,9 @@ Resolution of the learner (``export``/``resolve``):
   2. an unmeasured seeded cell is its seed shifted by its bucket's (measured - seed) residuals fitted as a line in
      b (additive where one block is measured: e.g. KV reads that grew since profiling cost the same at every b;
      a slope where a seed modelled for other hardware grows slower in b than this machine), interpolated linearly
-     in batch size from the measured buckets and held flat beyond them;
+     in batch size from the measured buckets and held flat beyond them -- except the slope below the smallest
+     bucket with one, which shrinks in proportion to the batch; a price at or below zero becomes FILL_FLOOR of
+     the cheapest measured step;
   3. cells with neither are interpolated linearly along batch size, then along block size, and extrapolated with
      the nearest non-negative slope;
   4. the table is projected to be non-decreasing in block size, then in batch size, by weighted isotonic
@@ -41,6 +43,10 @@ from .roofline import RooflineProfile, load_json
 DEFAULT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 DEFAULT_PROFILE = "h200_qwen3_8b.json"
 NEVER = 2**62  # "age" of a never-measured cell
+# An unmeasured cell the residual line prices at or below zero takes this share of the cheapest measured step
+# instead: a guard, not a model (a narrower width or smaller batch than any measured one costs less, never nothing;
+# monotone_table's own floor, 1e-3 of the cheapest cell, made such a width look free).
+FILL_FLOOR = 0.25
 
 
 def _interp_fill(values: np.ndarray, xs: np.ndarray) -> np.ndarray:
@@ -265,7 +271,14 @@ class CostModel:
             return np.zeros((nb, len(x)))
         bx = np.asarray(self.batch_buckets, dtype=float)
         fitted = np.isfinite(slope)
-        slope = np.interp(bx, bx[fitted], slope[fitted]) if fitted.any() else np.zeros(nb)
+        if fitted.any():
+            lo = bx[fitted][0]
+            # below the smallest fitted bucket the per-width cost shrinks with the batch (a width adds batch x 1
+            # tokens): held flat, bucket 4's CPU slope priced widths 1 and 2 at bucket 1 below zero from one
+            # measured width 16 (floored to microseconds, so width 2 looked free at one request)
+            slope = np.interp(bx, bx[fitted], slope[fitted]) * np.minimum(1.0, bx / lo)
+        else:
+            slope = np.zeros(nb)
         intercept = mean_r - slope * mean_x
         intercept = np.interp(bx, bx[have], intercept[have])  # linear between measured buckets, flat beyond
         return intercept[:, None] + slope[:, None] * x[None, :]
@@ -277,6 +290,8 @@ class CostModel:
         resid = np.where(measured & np.isfinite(self._seed), self._est - self._seed, np.nan)
         shifted = self._seed + self._residual_shift(resid)
         fill = (~measured) & np.isfinite(self._seed)
+        if measured.any():  # a line extrapolated far below its points must not price a step as free
+            shifted = np.where(shifted > 0, shifted, FILL_FLOOR * float(self._est[measured].min()))
         cells[fill] = shifted[fill]
         if not np.isfinite(cells).any():
             return self._active.copy()

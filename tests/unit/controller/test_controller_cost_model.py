@@ -168,8 +168,27 @@ def test_unmeasured_widths_follow_the_measured_ones_slope_across_widths() -> Non
     assert t[i, 2] == pytest.approx(0.045, abs=1e-4) and t[i, 3] == pytest.approx(0.070, abs=1e-4)
     assert t[i, 1] == pytest.approx(0.0325, abs=5e-4)  # on the line through (32, +35 ms) and (64, +60 ms)
     assert t[i, 0] == pytest.approx(0.010 + 0.035 - 31 * 0.025 / 32, abs=5e-4)
-    # a bucket with one measured width takes the slope of its neighbour and its own level
+    # a bucket with one measured width takes its own level and the slope of its neighbour, scaled by the batch
+    # below the smallest bucket with a slope (a width adds one token per request): 2 / 8 of bucket 8's here
     for _ in range(100):
         m.observe(2, 64, 0.040)
     t = m.resolve()
-    assert t[m.bucket_index(2), 2] == pytest.approx(0.040 - 32 * 0.025 / 32, abs=5e-4)
+    assert t[m.bucket_index(2), 2] == pytest.approx(0.040 - 32 * (0.025 / 32) * (2 / 8), abs=5e-4)
+
+
+def test_one_measured_wide_width_at_one_request_prices_no_width_as_free() -> None:
+    """Seen in a CPU server (prose, 4 users, the default H200 roofline seed): bucket 4 measured at every width
+    (12 -> 30 ms, ~1.2 ms a width), bucket 1 only at width 16 (16 ms). Bucket 4's slope held flat down to bucket
+    1 put its widths 1 and 2 below zero, floored to microseconds: goodput of millions of tokens a second, and the
+    controller switched to width 2 at one request on a token-count tie."""
+    m = CostModel.default(BLOCKS)
+    measured = {(4, 1): 0.0119, (4, 2): 0.0176, (4, 4): 0.0226, (4, 8): 0.0209, (4, 16): 0.0298,
+                (2, 1): 0.0102, (1, 16): 0.0159}
+    for _ in range(30):
+        for (bs, b), sec in measured.items():
+            m.observe(bs, b, sec)
+    t = m.resolve()
+    row = t[m.bucket_index(1)]
+    assert row[0] > 0.005 and row[1] > 0.005  # a one-request step on this machine costs ~8-10 ms, never ~0
+    assert t.min() >= 0.25 * min(measured.values()) - 1e-12
+    assert row[-1] == pytest.approx(0.0159, rel=0.05)  # the measured cell keeps its value

@@ -36,6 +36,24 @@ def feed(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, full_dr
     ctrl.observe_step(ids, b, acc, drafted if full_draft else None, committed, sampled)
 
 
+def feed_stream(ctrl: BlockSizeController, ids: list, runs: np.ndarray, b: int, pos: list[int],
+                full_draft: bool = True) -> None:
+    """``feed`` with one continuous token stream per request (``pos``: tokens committed so far): hindsight then
+    compares a drafted block with what the request really commits next. (``feed`` starts fresh tokens every step,
+    so hindsight reads every position past a step's commit as rejected: a narrow width's deeper positions look
+    worse than they are.)"""
+    drafted = np.zeros((len(ids), J), dtype=np.int64)
+    committed = []
+    acc = np.minimum(runs, b - 1)
+    for i, (r, k) in enumerate(zip(runs, acc)):
+        truth = 10**6 * i + pos[i] + np.arange(J + 1)
+        drafted[i] = truth[:J]
+        drafted[i, r:] += 50_000
+        committed.append(truth[: k + 1].tolist())
+        pos[i] += int(k) + 1
+    ctrl.observe_step(ids, b, acc, drafted if full_draft else None, committed)
+
+
 @settings(max_examples=30, deadline=None)
 @given(fixed=st.sampled_from(BLOCKS), sizes=st.lists(st.integers(0, 200), min_size=1, max_size=30))
 def test_fixed_mode_is_exact(fixed: int, sizes: list[int]) -> None:
@@ -407,12 +425,13 @@ def test_modelled_seed_measures_every_cell_once() -> None:
     ids = [f"r{i}" for i in range(64)]
     rng = np.random.default_rng(0)
     seen = []
+    pos = [0] * 64
     for _ in range(120):
         d = ctrl.decide(ids)
         seen.append(d.block_size)
         ok = rng.random((64, J)) < 0.9
         runs = np.where(ok.all(axis=1), J, np.argmin(ok, axis=1))
-        feed(ctrl, ids, runs, d.block_size, full_draft=d.draft_full)
+        feed_stream(ctrl, ids, runs, d.block_size, pos, full_draft=d.draft_full)
         ctrl.observe_step_time(64, d.block_size, true_t[d.block_size], probe=d.probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
