@@ -31,7 +31,7 @@ batch-size bucket changes), so noise does not make it flap.
     ``probe_near_ratio`` of width 1, every ``probe_near_interval`` steps instead, that interval doubling (up to
     ``probe_interval``) after each such probe, and back to ``probe_near_interval`` when the acceptance evidence
     (the widest width's expected tokens over the current width's) has risen by more than PROBE_SURPRISE (5 %)
-    since the last probe, or the width switched. Why: at b = 1
+    since the last probe, or the width switched (not to try a width, ``_explore``, nor back from one). Why: at b = 1
     probes are the only evidence, and a request's estimate starts at the global one (prior strength 8): at one
     probe per 32 steps the controller measured ~70 % of steps still at b = 1 three code requests after a prose
     phase (tests/integration/test_adaptive.py), though those requests accept ~6 tokens a step. But a probe costs a
@@ -224,6 +224,7 @@ class BlockSizeController:
         self._dwell = 0
         self._since_draft = 0
         self._probe_backoff = 0  # near probes so far that left the best drafted width no nearer (doubling)
+        self._excursion_from: int | None = None  # the width an exploration left, while it is away from it
         self._probe_evidence = float("inf")  # the acceptance evidence (_probe_interval) at the last probe
         self._last_bucket: int | None = None
         self.steps_decided = 0
@@ -329,6 +330,7 @@ class BlockSizeController:
         good, tokens = self._goodput_reused(request_ids, sampled)
         cfg = self.cfg
         cur = self._cur
+        explored = False
         if cfg.mode == "fixed":
             k = self._index[cfg.fixed_block]  # type: ignore[index]
         elif cfg.mode == "schedule":
@@ -349,6 +351,7 @@ class BlockSizeController:
                 k = cur
                 if may_switch and cfg.explore_margin > 0.0:
                     k = self._explore(bs, bucket, good, cur)
+                    explored = k != cur
             self._last_bucket = bucket
         if not trees and self._cands[k] > self.max_block:
             k = self._widest_chain
@@ -361,7 +364,11 @@ class BlockSizeController:
         draft_full = b >= self.max_block or (b > 1 and not self.prefix_drafts)
         probe = False
         if switched or cur is None:
-            self._probe_backoff, self._probe_evidence = 0, float("inf")
+            # an exploration measures a cost cell, and going back to the width it left is no news about acceptance:
+            # neither restarts the near probes (each excursion cost ~4 extra probes: prose, 4 users, CPU)
+            if not (explored or (k == self._excursion_from and self._excursion_from is not None)):
+                self._probe_backoff, self._probe_evidence = 0, float("inf")
+            self._excursion_from = cur if explored else None
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
             interval, evidence = self._probe_interval(good, tokens, k, bs)
             probe = draft_full = self._since_draft + 1 >= interval

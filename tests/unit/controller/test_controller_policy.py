@@ -175,6 +175,33 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     assert _probe_gaps(far, 96) == [32, 32, 32]
 
 
+def test_an_exploration_does_not_restart_the_near_probes() -> None:
+    """Width 2 is near (unmeasured, within explore_margin) and tried twice; drafting is near enough for near probes.
+    Going to width 2 to measure its cost, and back, says nothing new about acceptance: the probes' doubling goes on
+    (a restart at 4 steps after each such excursion cost ~4 extra probes on CPU prose at 4 users)."""
+    true = {1: 0.010, 2: 0.0115, 4: 0.025, 8: 0.025, 16: 0.025}
+    cfg = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
+                           probe_near_interval=4, cost_sync_interval=1)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
+    for _ in range(50):
+        feed(ctrl, ["a"], np.array([0]), 16)  # drafts never accepted
+    widths, probes = [], []
+    for i in range(120):
+        d = ctrl.decide(["a"])
+        widths.append(d.block_size)
+        if d.probe:
+            probes.append(i)
+        feed(ctrl, ["a"], np.array([0]), d.block_size, full_draft=d.draft_full)
+        ctrl.observe_step_time(1, d.block_size, true[d.block_size], probe=d.probe)
+        if ctrl.cost_sync_due:
+            ctrl.sync_cost_table()
+    back = [i for i in range(1, 120) if widths[i] == 1 and widths[i - 1] == 2]
+    assert len(back) >= 2 and ctrl.explorations >= 2  # two excursions to width 2
+    after = [p for p in probes if p > back[1]]
+    assert after[0] - back[1] > cfg.probe_near_interval  # the doubling went on
+    assert probes[:2] == [7, 19] and len(probes) == 5  # (a restart: probes at 7, 15, 23, 39, 71, 103)
+
+
 def test_far_probes_stretch_with_the_batch_and_near_probes_do_not() -> None:
     """One probe observes every request of the batch: far probes every probe_interval steps up to 15 requests,
     then x2 at 16, x3 at 24, x4 from 32 on; a near drafted width keeps its short interval at any batch."""
