@@ -34,7 +34,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.step_profile import PHASE_NAMES, config_for, parse_raw, scheduler_pid  # noqa: E402
+from benchmarks.step_profile import PHASE_NAMES, config_for, parse_raw, phase_table, scheduler_pid  # noqa: E402
 from harness.server import ManagedServer  # noqa: E402
 from loadtest.dataset import load_prompts  # noqa: E402
 
@@ -111,16 +111,9 @@ def tokens_in(done: list[tuple[float, float, int]], t0: float, t1: float) -> flo
 
 
 def table(title: str, rows: dict[str, dict]) -> str:
-    head = ["config", "ms / token", "x no-spec", "tokens/s"] + PHASE_NAMES
-    out = [f"#### {title}: scheduler ms per output token by phase",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = rows.get("no-spec", {}).get("ms_per_token")
-    for name, r in rows.items():
-        x = f"{r['ms_per_token'] / base:.2f}" if base else "-"
-        cells = [name, f"{r['ms_per_token']:.3f}", x, f"{r['tokens_per_s']:.0f}"]
-        cells += [f"{r['phase_ms_per_token'].get(ph, 0):.3f}" for ph in PHASE_NAMES]
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    return phase_table(f"#### {title}: scheduler ms per output token by phase", "ms / token", "tokens/s",
+                       {name: (r["ms_per_token"], f"{r['tokens_per_s']:.0f}", r["phase_ms_per_token"])
+                        for name, r in rows.items()}, digits=3)
 
 
 def main(argv: list[str] | None = None) -> int:

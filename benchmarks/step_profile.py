@@ -169,17 +169,23 @@ def profile(server: ManagedServer, ids, new_tokens: int, seconds: float, rate: i
     return samples
 
 
-def table(load: int, rows: dict[str, dict]) -> str:
-    head = ["config", "step ms", "x no-spec", "accept"] + PHASE_NAMES
-    out = [f"#### {load} concurrent request(s): ms per decode step by phase",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    plain = rows.get("no-spec", {}).get("step_ms")
-    for name, r in rows.items():
-        ratio = f"{r['step_ms'] / plain:.2f}" if plain else "-"
-        cells = [name, f"{r['step_ms']:.2f}", ratio, f"{r.get('accept_length', 1.0):.2f}"]
-        cells += [f"{r['phase_ms'].get(p, 0.0):.2f}" for p in PHASE_NAMES]
-        out.append("| " + " | ".join(cells) + " |")
+def phase_table(title: str, total: str, extra: str, rows: dict[str, tuple[float, str, dict]], digits: int = 2) -> str:
+    """A markdown table: per configuration its total (`total` column; x no-spec's), one `extra` column and the
+    phases. ``rows``: name -> (total, extra cell, {phase: value})."""
+    head = ["config", total, "x no-spec", extra] + PHASE_NAMES
+    out = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    plain = rows["no-spec"][0] if "no-spec" in rows else None
+    for name, (tot, cell, phases) in rows.items():
+        ratio = f"{tot / plain:.2f}" if plain else "-"
+        out.append("| " + " | ".join([name, f"{tot:.{digits}f}", ratio, cell]
+                                     + [f"{phases.get(p, 0.0):.{digits}f}" for p in PHASE_NAMES]) + " |")
     return "\n".join(out)
+
+
+def table(load: int, rows: dict[str, dict]) -> str:
+    return phase_table(f"#### {load} concurrent request(s): ms per decode step by phase", "step ms", "accept",
+                       {name: (r["step_ms"], f"{r.get('accept_length', 1.0):.2f}", r["phase_ms"])
+                        for name, r in rows.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
