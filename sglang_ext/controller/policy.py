@@ -365,7 +365,7 @@ class BlockSizeController:
         probe = False
         if switched or cur is None:
             # an exploration measures a cost cell, and going back to the width it left is no news about acceptance:
-            # neither restarts the near probes (each excursion cost ~4 extra probes: prose, 4 users, CPU)
+            # neither restarts the near probes (a restart cost up to ~4 extra probes an excursion: prose, 4 users, CPU)
             if not (explored or (k == self._excursion_from and self._excursion_from is not None)):
                 self._probe_backoff, self._probe_evidence = 0, float("inf")
             self._excursion_from = cur if explored else None
