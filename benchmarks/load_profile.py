@@ -6,8 +6,8 @@ draft-KV append flushed, the width-1 counters written). This runs the sweep's ow
 `workloads:`: prompts and temperature) as a closed loop of N streaming chat users against every configuration's
 server, in turns, while `py-spy record` samples the scheduler; each sample is charged to a phase as step_profile
 charges it. A phase's cost is its busy seconds over the output tokens generated in the same window (each
-finished request's `usage.completion_tokens` spread over its decode time): ms per output token, comparable across configurations that commit different
-tokens per step. The target forward per token is the same work in every configuration; the rest is what a
+finished request's `usage.completion_tokens` spread over its decode time): ms per output token, comparable
+across configurations that commit different tokens per step. The target forward per token is the same work in every configuration; the rest is what a
 configuration adds or saves.
 
     python benchmarks/load_profile.py [--workloads prose code] [--users 4] [--seconds 20] [--rounds 2]
