@@ -369,6 +369,8 @@ class BlockSizeController:
             if not (explored or (k == self._excursion_from and self._excursion_from is not None)):
                 self._probe_backoff, self._probe_evidence = 0, float("inf")
             self._excursion_from = cur if explored else None
+        elif self._dwell > cfg.min_dwell_steps:
+            self._excursion_from = None  # kept past its dwell: the tried width was adopted, leaving it is a switch
         if not draft_full and cfg.mode == "adaptive" and cfg.probe_interval > 0 and self.hindsight is not None:
             interval, evidence = self._probe_interval(good, tokens, k, bs)
             probe = draft_full = self._since_draft + 1 >= interval

@@ -202,6 +202,33 @@ def test_an_exploration_does_not_restart_the_near_probes() -> None:
     assert probes[:2] == [7, 19] and len(probes) == 5  # (a restart: probes at 7, 15, 23, 39, 71, 103)
 
 
+def test_leaving_a_tried_width_that_was_kept_restarts_the_near_probes() -> None:
+    """Width 2, tried, turns out cheaper and is kept for dozens of steps: it was adopted, not an excursion. When
+    its cost rises and the controller goes back to width 1, that is a switch like any other: near probes from 4."""
+    true = {1: 0.010, 2: 0.0085, 4: 0.025, 8: 0.025, 16: 0.025}
+    cfg = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
+                           probe_near_interval=4, cost_sync_interval=1)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
+    for _ in range(50):
+        feed(ctrl, ["a"], np.array([0]), 16)  # drafts never accepted
+    widths, probes = [], []
+    for i in range(100):
+        if i == 30:
+            true[2] = 0.02
+        d = ctrl.decide(["a"])
+        widths.append(d.block_size)
+        if d.probe and d.block_size == 1:
+            probes.append(i)
+        feed(ctrl, ["a"], np.array([0]), d.block_size, full_draft=d.draft_full)
+        ctrl.observe_step_time(1, d.block_size, true[d.block_size], probe=d.probe)
+        if ctrl.cost_sync_due:
+            ctrl.sync_cost_table()
+    back = max(i for i in range(1, 100) if widths[i] == 1 and widths[i - 1] == 2)
+    assert widths[back - 20:back] == [2] * 20  # width 2 held for 20+ steps before it was left
+    assert widths[back:] == [1] * (100 - back)
+    assert [p for p in probes if p > back][0] - back <= cfg.probe_near_interval  # the near probes restarted
+
+
 def test_far_probes_stretch_with_the_batch_and_near_probes_do_not() -> None:
     """One probe observes every request of the batch: far probes every probe_interval steps up to 15 requests,
     then x2 at 16, x3 at 24, x4 from 32 on; a near drafted width keeps its short interval at any batch."""
