@@ -74,9 +74,12 @@ def build_trees(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> Trees:
     all_scores = torch.cat(scores, dim=1)  # depth-major: a stable sort keeps shallower prefixes first on ties
     chosen = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :N]
     pick = torch.cat(picks, dim=1)
+    # per entry of the concatenation: its 0-based depth, and where the previous depth's entries start (filled on
+    # the device, not copied from a host list: no host-to-device copy in a step a CUDA graph replays)
     depth0 = torch.cat([torch.full((w,), d, dtype=torch.int64, device=logp.device)
-                        for d, w in enumerate(widths)])  # 0-based depth of every entry of the concatenation
-    prev_start = torch.tensor([0] + starts[:-1], device=logp.device)[depth0]
+                        for d, w in enumerate(widths)])
+    prev_start = torch.cat([torch.full((w,), starts[d - 1] if d else 0, dtype=torch.int64, device=logp.device)
+                            for d, w in enumerate(widths)])
     # every entry's parent as an index into the concatenation (-1 at depth 1); its token from its rank at its depth
     parent_flat = torch.where(depth0 > 0, prev_start + pick // K, -1)
     token_flat = tokens.reshape(bs, D * K).gather(1, depth0 * K + pick % K)
