@@ -54,10 +54,11 @@ class Metrics(Protocol):
     """What the loop publishes (sglang_ext.metrics.DFlashMetrics)."""
 
     errors: Any
-    step_seconds: Any
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray,
                     predicted_goodput: float) -> None: ...
+
+    def record_step_time(self, block_size: int, seconds: float) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -149,7 +150,7 @@ class ControllerLoop:
             if self.settings.learn_costs:
                 self.controller.observe_step_time(step.batch_size, d.block_size, seconds, probe=d.probe)
             if self.metrics is not None:
-                self.metrics.step_seconds[d.block_size].observe(seconds)
+                self.metrics.record_step_time(d.block_size, seconds)
         except Exception:
             logger.exception("dflash-serve: step-time feedback failed (serving continues)")
 

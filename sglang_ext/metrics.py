@@ -9,8 +9,8 @@ drop SGLang's own metrics; that is why nothing here runs at import time of the p
 
 Every series carries ``model_name``. Gauges use ``multiprocess_mode="mostrecent"`` (one writer: rank 0).
 
-Counters (all per TP-rank-0 scheduler; ``rate()`` them). Width-1 steps reach them at most WIDTH1_FLUSH_STEPS steps
-late (and before another width's step or a finished request's answer):
+Counters and histograms (all per TP-rank-0 scheduler; ``rate()`` them) reach /metrics at most FLUSH_STEPS decode
+steps late, and before a finished request's answer:
   dflash_verify_steps_total               request-steps verified (one per request per decode step).
                                           Decode steps/s per request: rate(dflash_verify_steps_total[1m])
   dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step; a tree
@@ -69,17 +69,16 @@ Histograms:
 """
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 import numpy as np
 
-# Width-1 steps (speculation off) are counted in process and written at most this many steps late (also before any
-# other step, and when a request finishes: SGLang reports a finished request after its last step's feedback, so a
-# client that got its answer sees every step of it). Why: their ~8 multiprocess-mmap writes cost ~95 us of every
-# width-1 step in a CPU server (cache-cold, measured in situ at 1 request: ~1 % of the step).
-WIDTH1_FLUSH_STEPS = 16
-
+# Decode steps are counted in process and written at most this many steps late (and when a request finishes:
+# SGLang reports a finished request after its last step's feedback, so a client that got its answer sees every step
+# of it on /metrics). Why: each counter or bucket write is a multiprocess-mmap write under a lock, ~3 us when the
+# forward has evicted the caches, and a width-16 step of 2 requests wrote ~35 of them (~120 us of every step, measured
+# cache-cold; width-1 steps' ~8 writes cost ~95 us in a CPU server at 1 request). The width gauge is still set at once.
+FLUSH_STEPS = 16
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
 
 
@@ -141,64 +140,96 @@ class DFlashMetrics:
                                    buckets=tuple(float(k) for k in range(1, self.max_block + 1)),
                                    registry=registry).labels(**labels)
         self._last_block: int | None = None
-        self._w1_steps = 0  # width-1 steps counted, not yet written (flush)
-        self._w1_requests = 0  # and their request-steps
-        self._w1_goodput = 0.0  # the latest one's predicted goodput
+        self._clear()
+
+    def _clear(self) -> None:
+        """What the steps counted since the last write add to each series."""
+        self._steps = 0  # decode steps counted
+        self._verify = self._draft = self._accepted = self._switches = 0
+        self._tried_at = np.zeros(self.max_block - 1, dtype=np.int64)
+        self._accepted_at = np.zeros(self.max_block - 1, dtype=np.int64)
+        self._committed = np.zeros(self.max_block + 1, dtype=np.int64)
+        self._by_width: dict[int, int] = {}
+        self._probes_by_width: dict[int, int] = {}
+        self._trees: dict[int, list[int]] = {}  # budget -> [steps, extra tokens]
+        self._step_times: dict[int, list[float]] = {}
+        self._goodput: float | None = None
 
     def flush(self) -> None:
-        """Write the width-1 steps counted since the last write (WIDTH1_FLUSH_STEPS)."""
-        if not self._w1_steps:
+        """Write what the steps counted since the last write add (FLUSH_STEPS)."""
+        if not (self._steps or self._step_times):
             return
-        steps, requests = self._w1_steps, self._w1_requests
-        self._w1_steps = self._w1_requests = 0
-        self.verify_steps.inc(requests)
-        self.block_steps[1].inc(steps)
-        self.goodput.set(self._w1_goodput)
-        observe_counts(self.committed, np.array([0, requests]))  # each committed one token
+        pending = (self._verify, self._draft, self._accepted, self._switches, self._tried_at, self._accepted_at,
+                   self._committed, self._by_width, self._probes_by_width, self._trees, self._step_times,
+                   self._goodput)
+        self._clear()
+        verify, draft, accepted, switches, tried_at, accepted_at, committed, by_width, probes, trees, times, gp = pending
+        # zero increments are not written (each write is an mmap write under a lock); every series exists from
+        # start-up, so an unwritten one reads 0
+        for counter, n in ((self.verify_steps, verify), (self.draft_tokens, draft), (self.accepted, accepted),
+                           (self.switches, switches)):
+            if n:
+                counter.inc(n)
+        for j in np.flatnonzero(tried_at):
+            self.tried_by_pos[j].inc(int(tried_at[j]))
+        for j in np.flatnonzero(accepted_at):
+            self.accepted_by_pos[j].inc(int(accepted_at[j]))
+        for b, n in by_width.items():
+            self.block_steps[b].inc(n)
+        for b, n in probes.items():
+            self.probes[b].inc(n)
+        for budget, (n, extra) in trees.items():
+            self.tree_steps[budget].inc(n)
+            if extra:
+                self.tree_extra[budget].inc(extra)
+        for b, seconds in times.items():
+            observe_values(self.step_seconds[b], np.asarray(seconds))
+        if gp is not None:
+            self.goodput.set(gp)
+        observe_counts(self.committed, committed)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
         drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
         tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
-        greedy chain's."""
+        greedy chain's. Counted in process, written every FLUSH_STEPS steps (``flush``)."""
         b = int(block_size)
-        if b == 1 and self._last_block == 1 and not (probe or switched or tree_budget is not None):
-            self._w1_steps += 1
-            self._w1_requests += int(accepted.shape[0])  # a width-1 step accepts nothing
-            self._w1_goodput = predicted_goodput
-            if self._w1_steps >= WIDTH1_FLUSH_STEPS:
-                self.flush()
-            return
-        self.flush()
-        if probe:
-            self.probes[b].inc()
         n = int(accepted.shape[0])
-        total = int(accepted.sum())
-        self.verify_steps.inc(n)
-        if b > 1:  # at width 1 nothing is drafted or accepted: no zero writes (each is an mmap write under a lock)
-            self.draft_tokens.inc(n * (b - 1))
-        if tree_budget is not None:
-            self.tree_steps[int(tree_budget)].inc()
-            self.tree_extra[int(tree_budget)].inc(int(tree_extra))
-        if total:
-            self.accepted.inc(total)
-        top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
-        if top > 1:
+        self._verify += n
+        self._by_width[b] = self._by_width.get(b, 0) + 1
+        if b > 1:
+            self._draft += n * (b - 1)
+            total = int(accepted.sum())
+            self._accepted += total
+            top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
+            counts = np.bincount(accepted, minlength=top)
             # at_least[j] = requests with accepted >= j: accepted at position j, and tried at position j + 1
-            at_least = np.cumsum(np.bincount(accepted, minlength=top)[::-1])[::-1]
-            for j in range(1, top):
-                self.tried_by_pos[j - 1].inc(int(at_least[j - 1]))
-                if at_least[j]:
-                    self.accepted_by_pos[j - 1].inc(int(at_least[j]))
-        self.block_steps[b].inc()
+            at_least = np.cumsum(counts[::-1])[::-1]
+            self._tried_at[: top - 1] += at_least[: top - 1]
+            self._accepted_at[: top - 1] += at_least[1:top]
+            self._committed[1: top + 1] += counts[:top]
+        else:
+            self._committed[1] += n  # a width-1 step commits one token per request
+        if probe:
+            self._probes_by_width[b] = self._probes_by_width.get(b, 0) + 1
+        if tree_budget is not None:
+            tree = self._trees.setdefault(int(tree_budget), [0, 0])
+            tree[0] += 1
+            tree[1] += int(tree_extra)
         if switched:
-            self.switches.inc()
+            self._switches += 1
         if b != self._last_block:
             self.block_size.set(b)
             self._last_block = b
-        self.goodput.set(predicted_goodput)
-        observe_counts(self.committed, np.bincount(accepted + 1, minlength=self.max_block + 1))
+        self._goodput = predicted_goodput
+        self._steps += 1
+        if self._steps >= FLUSH_STEPS:
+            self.flush()
+
+    def record_step_time(self, block_size: int, seconds: float) -> None:
+        """One decode step's wall time (``dflash_step_seconds``), written with the steps' counts."""
+        self._step_times.setdefault(int(block_size), []).append(float(seconds))
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None) -> None:
@@ -225,17 +256,29 @@ def observe_counts(histogram, counts: np.ndarray) -> None:
     observes, and a client without those attributes gets the repeated observes.
     """
     ks = np.flatnonzero(counts)
-    if not ks.size:
-        return
+    if ks.size:
+        _observe_many(histogram, ks.astype(np.float64), counts[ks])
+
+
+def observe_values(histogram, values: np.ndarray) -> None:
+    """``histogram.observe(v)`` for every v of ``values``, in one write per non-empty bucket (observe_counts)."""
+    if values.size:
+        _observe_many(histogram, values.astype(np.float64), np.ones(values.size, dtype=np.int64))
+
+
+def _observe_many(histogram, values: np.ndarray, weights: np.ndarray) -> None:
     try:
         bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
         check = histogram._raise_if_not_observable
     except AttributeError:
-        for k in ks:
-            for _ in range(int(counts[k])):
-                histogram.observe(float(k))
+        for v, w in zip(values, weights):
+            for _ in range(int(w)):
+                histogram.observe(float(v))
         return
     check()
-    total.inc(float(np.dot(ks, counts[ks])))
-    for k in ks:
-        buckets[bisect.bisect_left(bounds, float(k))].inc(int(counts[k]))
+    total.inc(float(np.dot(values, weights)))
+    # Histogram.observe's bucket: bisect_left(upper bounds, value)
+    per_bucket = np.bincount(np.searchsorted(np.asarray(bounds), values, side="left"), weights=weights,
+                             minlength=len(bounds))
+    for i in np.flatnonzero(per_bucket):
+        buckets[int(i)].inc(int(per_bucket[i]))

@@ -117,6 +117,9 @@ def test_metrics_count_request_steps_positions_and_widths():
     # a width-4 step of 3 requests accepting 0, 2 and 3 drafts, then a width-1 step of 2 requests
     m.record_step(block_size=4, switched=False, accepted=np.array([0, 2, 3]), predicted_goodput=100.0)
     m.record_step(block_size=1, switched=True, accepted=np.array([0, 0]), predicted_goodput=90.0)
+    assert _value(reg, "dflash_block_size") == 1  # the width gauge moves at once; the counts every FLUSH_STEPS steps
+    assert _value(reg, "dflash_verify_steps_total") == 0
+    m.flush()
     assert _value(reg, "dflash_verify_steps_total") == 5
     assert _value(reg, "dflash_draft_tokens_total") == 3 * 3
     assert _value(reg, "dflash_accepted_tokens_total") == 5
@@ -128,8 +131,13 @@ def test_metrics_count_request_steps_positions_and_widths():
     assert _value(reg, "dflash_block_size") == 1 and _value(reg, "dflash_predicted_goodput_tokens_per_second") == 90
     assert _value(reg, "dflash_committed_tokens_per_step_count") == 5
     assert _value(reg, "dflash_committed_tokens_per_step_sum") == 5 + 5
-    m.step_seconds[4].observe(0.01)
-    assert _value(reg, "dflash_step_seconds_count", block_size="4") == 1
+    m.record_step_time(4, 0.01)
+    m.record_step_time(4, 0.03)
+    m.flush()
+    assert _value(reg, "dflash_step_seconds_count", block_size="4") == 2
+    assert _value(reg, "dflash_step_seconds_sum", block_size="4") == pytest.approx(0.04)
+    assert _value(reg, "dflash_step_seconds_bucket", block_size="4", le="0.016") == 1
+    assert _value(reg, "dflash_step_seconds_bucket", block_size="4", le="0.032") == 2
     m.record_model(np.linspace(0.9, 0.1, 15), [1, 8], [1, 16], np.array([[0.01, 0.02], [0.02, np.nan]]))
     assert _value(reg, "dflash_acceptance_probability", position="1") == pytest.approx(0.9)
     assert _value(reg, "dflash_step_cost_seconds", batch_bucket="8", block_size="1") == 0.02

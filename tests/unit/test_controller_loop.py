@@ -48,6 +48,11 @@ def launch(lp: ControllerLoop, rids: list[str], now: float, committed: list[list
     return d
 
 
+def written(lp: ControllerLoop) -> None:
+    """What the steps counted so far add reaches /metrics (the metrics write every FLUSH_STEPS steps)."""
+    lp.metrics.flush()
+
+
 def steps(reg: CollectorRegistry, b: int) -> float:
     return reg.get_sample_value("dflash_step_seconds_count", {"model_name": "m", "block_size": str(b)}) or 0.0
 
@@ -56,12 +61,15 @@ def test_step_time_is_start_to_start_of_consecutive_decode_steps_only():
     reg = CollectorRegistry()
     lp = loop(reg)
     launch(lp, ["a"], 10.0, [[1, 2, 3, 4]])
+    written(lp)
     assert steps(reg, 4) == 0  # the first decode step has no predecessor
     launch(lp, ["a"], 10.5, [[1, 2, 3, 4]])
+    written(lp)
     assert steps(reg, 4) == 1
     assert reg.get_sample_value("dflash_step_seconds_sum", {"model_name": "m", "block_size": "4"}) == 0.5
     lp.interrupt()  # a prefill ran in between: the next interval is not a decode step's
     launch(lp, ["a", "b"], 20.0, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    written(lp)
     assert steps(reg, 4) == 1
 
 
@@ -71,10 +79,12 @@ def test_results_reach_the_controller_in_launch_order_and_stale_steps_are_droppe
     launch(lp, ["a", "b"], 1.0, [[1, 2, 3, 4], [5, 6, 7, 8]])
     launch(lp, ["a"], 2.0, [[1, 2, 3, 4]])
     lp.complete([1], batch_size=1)  # SGLang never processed the 2-request step: it is dropped, not misread
+    written(lp)
     value = reg.get_sample_value
     assert value("dflash_verify_steps_total", {"model_name": "m"}) == 1
     assert value("dflash_accepted_tokens_total", {"model_name": "m"}) == 1
     lp.complete([3], batch_size=1)  # nothing pending: ignored
+    written(lp)
     assert value("dflash_verify_steps_total", {"model_name": "m"}) == 1
 
 
@@ -194,6 +204,7 @@ def test_under_the_overlap_scheduler_a_prefill_is_never_a_decode_sample():
     lp = loop(reg, mode="fixed", fixed_block=4)
     lp = ControllerLoop(lp.settings, B, is_rank0=True, metrics=lp.metrics, overlap=True)
     run_overlap_scheduler(lp, "ddpddd")
+    written(lp)
     # launches d0 d1 p d2 d3 d4: only [t3, t4] spans decode steps alone, and it measures d2
     assert steps(reg, 4) == 1
     assert mean_step(reg, 4) == pytest.approx(DEVICE_SECONDS[4])
@@ -207,6 +218,7 @@ def test_without_overlap_the_same_clock_credits_the_previous_launch():
         b = launch(lp, ["a"], t, [[1] * 16]).block_size
         lp.complete([0], batch_size=1)
         t += DEVICE_SECONDS[b] + HOST
+    written(lp)
     for b, seconds in DEVICE_SECONDS.items():
         assert mean_step(reg, b) == pytest.approx(seconds + HOST)
 
@@ -223,6 +235,7 @@ def test_probes_are_counted_apart_from_width1_steps():
     for _ in range(12):  # results arrive in launch order, one per step
         lp.complete([0], 1)
     assert drafted == [False, False, False, True] * 3
+    written(lp)
     labels = {"model_name": "m"}
     assert reg.get_sample_value("dflash_probe_steps_total", labels | {"block_size": "1"}) == 3
     assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12
@@ -248,6 +261,7 @@ def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain_and_teach_e
     path = np.array([[0, 3, 25] + [-1] * 12, [0, 1, 2] + [-1] * 12])
     lp.launched(LaunchedStep(["a", "b"], d, Host(drafted), Host(committed), tree_path=Host(path)))
     lp.complete([3, 3], 2)
+    written(lp)
     labels = {"model_name": "m", "budget": "31"}
     assert reg.get_sample_value("dflash_tree_steps_total", labels) == 1
     assert reg.get_sample_value("dflash_tree_extra_tokens_total", labels) == 2
@@ -283,6 +297,28 @@ def test_bulk_committed_histogram_exposes_what_one_observe_per_request_would():
     assert _committed_exposition([], bulk=True) == _committed_exposition([], bulk=False)
 
 
+def test_bulk_step_time_histogram_exposes_what_one_observe_per_step_would():
+    """Step times are written per bucket at a flush (observe_values): values on a bucket's bound, between bounds and
+    past the last one read exactly as one Histogram.observe each."""
+    from prometheus_client import Histogram
+
+    from sglang_ext.metrics import _STEP_BUCKETS, observe_values
+
+    values = [0.0005, 0.016, 0.0161, 9.0, 0.0001, 0.016, 2.5]
+    out = []
+    for bulk in (True, False):
+        reg = CollectorRegistry()
+        h = Histogram("h", "h", buckets=_STEP_BUCKETS, registry=reg)
+        if bulk:
+            observe_values(h, np.asarray(values))
+        else:
+            for v in values:
+                h.observe(v)
+        out.append({(s.name, tuple(sorted(s.labels.items()))): s.value for m in reg.collect() for s in m.samples
+                    if not s.name.endswith("_created")})
+    assert out[0] == out[1]
+
+
 def test_width1_steps_count_their_requests_and_one_token_each():
     """A width-1 step (speculation off) is still a verify step of every request committing one token; its
     zero draft and zero accepted counts are not written, yet read 0 (the series exist from start-up)."""
@@ -303,35 +339,38 @@ def test_width1_steps_count_their_requests_and_one_token_each():
     assert value("dflash_committed_tokens_per_step_bucket", labels | {"le": "1.0"}) == 6
 
 
-def test_width1_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished_requests_answer():
-    """Width-1 steps are counted in process (WIDTH1_FLUSH_STEPS): on /metrics at most that many steps late, before
-    any step of another width, and as soon as a request finishes (SGLang then sends its answer)."""
-    from sglang_ext.metrics import WIDTH1_FLUSH_STEPS as N
+def test_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished_requests_answer():
+    """Decode steps are counted in process (FLUSH_STEPS): on /metrics at most that many steps late, whatever their
+    width, and as soon as a request finishes (SGLang then sends its answer); the width gauge moves at once."""
+    from sglang_ext.metrics import FLUSH_STEPS as N
 
     reg = CollectorRegistry()
     lp = loop(reg, mode="schedule", schedule={1: 1, 2: 4})
-    steps_at = lambda b: reg.get_sample_value("dflash_block_size_steps_total", {"model_name": "m", "block_size": str(b)})
+    value = lambda name, **labels: reg.get_sample_value(name, {"model_name": "m", **labels}) or 0.0
+    steps_at = lambda b: value("dflash_block_size_steps_total", block_size=str(b))
     t = 1.0
-    for _ in range(N):
+    for _ in range(N - 1):
         launch(lp, ["a"], t, [[5]])
         lp.complete([0], 1)
         t += 1.0
-    assert steps_at(1) == 1  # the first (a new width) at once; N - 1 counted in process
-    launch(lp, ["a"], t, [[5]])
-    lp.complete([0], 1)
-    assert steps_at(1) == N + 1  # the N-th counted step wrote them all
+    assert steps_at(1) == 0 and value("dflash_block_size") == 1  # N - 1 counted in process; the gauge at once
+    launch(lp, ["a", "b"], t, [[5, 6, 7, 8], [5, 9, 7, 8]])  # batch of 2: width 4, the N-th step
+    lp.complete([2, 0], 2)
+    assert steps_at(1) == N - 1 and steps_at(4) == 1  # the N-th counted step wrote them all
+    assert value("dflash_tried_tokens_by_position_total", position="1") == 2
+    assert value("dflash_accepted_tokens_by_position_total", position="2") == 1
+    assert value("dflash_step_seconds_count", block_size="1") == N - 1  # start to start, each at the next launch
     for _ in range(3):
         t += 1.0
         launch(lp, ["a"], t, [[5]])
         lp.complete([0], 1)
-    launch(lp, ["a", "b"], t + 1.0, [[5, 6, 7, 8], [5, 6, 7, 8]])  # batch of 2: width 4
-    lp.complete([0, 0], 2)
-    assert steps_at(1) == N + 4 and steps_at(4) == 1  # another width writes the counted steps first
-    for _ in range(2):
-        t += 1.0
-        launch(lp, ["a"], t + 1.0, [[5]])
-        lp.complete([0], 1)
-    assert steps_at(1) == N + 5
+    assert steps_at(1) == N - 1 and value("dflash_block_size") == 1
     lp.request_finished("a")
-    assert steps_at(1) == N + 6
-    assert reg.get_sample_value("dflash_verify_steps_total", {"model_name": "m"}) == N + 6 + 2
+    assert steps_at(1) == N + 2
+    assert value("dflash_verify_steps_total") == N + 2 + 2
+    assert value("dflash_committed_tokens_per_step_count") == N + 2 + 2
+    assert value("dflash_committed_tokens_per_step_sum") == N + 2 + (3 + 1)
+    assert value("dflash_step_seconds_count", block_size="4") == 1
+    assert value("dflash_step_seconds_count", block_size="1") == N + 1  # the last step's comes with the next launch
+
+
