@@ -199,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         got = {w: measure(shape, bs, w, a.context, a.repeats, device, dtype, draft=False) for w in a.widths}
         for w, ms in got.items():
             model = (roof.target_time(bs, w, bs * a.context) - roof.t_overhead) * 1e3
-            r = {"requests": bs, "width": w, "target_ms": ms, "roofline_ms": model, "measured_over_roofline": ms / model,
-                 "over_width16": ms / got[16] if 16 in got else None, "draft_ms": draft_ms}
+            r = {"requests": bs, "width": w, "target_ms": ms, "roofline_ms": model,
+                 "measured_over_roofline": ms / model, "over_width16": ms / got[16] if 16 in got else None,
+                 "draft_ms": draft_ms}
             rows.append(r)
             x16 = f"{r['over_width16']:.2f}" if r["over_width16"] is not None else "-"
             print(f"| {bs} | {w} | {ms:.2f} | {model:.2f} | {ms / model:.2f} | {x16} | {draft_ms:.2f} |", flush=True)
