@@ -170,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="also run the --adaptive configuration from this checkout (NAME@before, its PYTHONPATH), "
                         "side by side: a change's before/after in one run")
+    p.add_argument("--shapes", type=int, nargs="+", default=SHAPES,
+                   help=f"adaptive-shape's candidate widths (default cpu-tree.yaml's, {SHAPES})")
     a = p.parse_args(argv)
+    CONFIGS[ADAPTIVE] = {"algorithm": "dflash_adaptive", "adaptive": {"candidates": sorted(set(a.shapes))}}
     if a.reference not in a.configs or a.adaptive not in a.configs:
         p.error(f"--configs must include --reference {a.reference} and --adaptive {a.adaptive} (the table's)")
     configs = list(a.configs) + ([a.adaptive + BEFORE] if a.before is not None else [])
