@@ -32,6 +32,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.tree_cost import captured  # noqa: E402
 from sglang_ext.controller.roofline import RooflineProfile, load_json  # noqa: E402
 
 PROFILE = REPO / "sglang_ext/controller/profiles/h200_qwen3_8b.json"
@@ -129,15 +130,7 @@ def timed(fn, repeats: int, device: torch.device) -> float:
             fn()
             out.append((time.perf_counter() - t) * 1e3)
         return statistics.median(out)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = captured(fn)
     out = []
     for _ in range(repeats + 2):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
