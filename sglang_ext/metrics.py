@@ -69,6 +69,7 @@ Histograms:
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -80,6 +81,23 @@ import numpy as np
 # cache-cold; width-1 steps' ~8 writes cost ~95 us in a CPU server at 1 request). The width gauge is still set at once.
 FLUSH_STEPS = 16
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
+
+
+class _Counted:
+    """What the decode steps counted since the last write add to each series (DFlashMetrics.flush)."""
+
+    def __init__(self, max_block: int) -> None:
+        self.steps = 0  # decode steps counted
+        self.verify = self.draft = self.accepted = self.switches = 0
+        self.tried_at = np.zeros(max_block - 1, dtype=np.int64)  # by position - 1
+        self.accepted_at = np.zeros(max_block - 1, dtype=np.int64)
+        self.committed = np.zeros(max_block + 1, dtype=np.int64)  # request-steps by tokens committed
+        self.by_width: Counter[int] = Counter()
+        self.probes: Counter[int] = Counter()
+        self.tree_steps: Counter[int] = Counter()  # by budget
+        self.tree_extra: Counter[int] = Counter()
+        self.step_times: dict[int, list[float]] = {}
+        self.goodput: float | None = None
 
 
 class DFlashMetrics:
@@ -140,53 +158,34 @@ class DFlashMetrics:
                                    buckets=tuple(float(k) for k in range(1, self.max_block + 1)),
                                    registry=registry).labels(**labels)
         self._last_block: int | None = None
-        self._clear()
-
-    def _clear(self) -> None:
-        """What the steps counted since the last write add to each series."""
-        self._steps = 0  # decode steps counted
-        self._verify = self._draft = self._accepted = self._switches = 0
-        self._tried_at = np.zeros(self.max_block - 1, dtype=np.int64)
-        self._accepted_at = np.zeros(self.max_block - 1, dtype=np.int64)
-        self._committed = np.zeros(self.max_block + 1, dtype=np.int64)
-        self._by_width: dict[int, int] = {}
-        self._probes_by_width: dict[int, int] = {}
-        self._trees: dict[int, list[int]] = {}  # budget -> [steps, extra tokens]
-        self._step_times: dict[int, list[float]] = {}
-        self._goodput: float | None = None
+        self._counted = _Counted(self.max_block)
 
     def flush(self) -> None:
         """Write what the steps counted since the last write add (FLUSH_STEPS)."""
-        if not (self._steps or self._step_times):
+        c = self._counted
+        if not (c.steps or c.step_times):
             return
-        pending = (self._verify, self._draft, self._accepted, self._switches, self._tried_at, self._accepted_at,
-                   self._committed, self._by_width, self._probes_by_width, self._trees, self._step_times,
-                   self._goodput)
-        self._clear()
-        verify, draft, accepted, switches, tried_at, accepted_at, committed, by_width, probes, trees, times, gp = pending
+        self._counted = _Counted(self.max_block)
         # zero increments are not written (each write is an mmap write under a lock); every series exists from
         # start-up, so an unwritten one reads 0
-        for counter, n in ((self.verify_steps, verify), (self.draft_tokens, draft), (self.accepted, accepted),
-                           (self.switches, switches)):
+        for counter, n in ((self.verify_steps, c.verify), (self.draft_tokens, c.draft), (self.accepted, c.accepted),
+                           (self.switches, c.switches)):
             if n:
                 counter.inc(n)
-        for j in np.flatnonzero(tried_at):
-            self.tried_by_pos[j].inc(int(tried_at[j]))
-        for j in np.flatnonzero(accepted_at):
-            self.accepted_by_pos[j].inc(int(accepted_at[j]))
-        for b, n in by_width.items():
-            self.block_steps[b].inc(n)
-        for b, n in probes.items():
-            self.probes[b].inc(n)
-        for budget, (n, extra) in trees.items():
-            self.tree_steps[budget].inc(n)
-            if extra:
-                self.tree_extra[budget].inc(extra)
-        for b, seconds in times.items():
+        for j in np.flatnonzero(c.tried_at):
+            self.tried_by_pos[j].inc(int(c.tried_at[j]))
+        for j in np.flatnonzero(c.accepted_at):
+            self.accepted_by_pos[j].inc(int(c.accepted_at[j]))
+        for counters, counts in ((self.block_steps, c.by_width), (self.probes, c.probes),
+                                 (self.tree_steps, c.tree_steps), (self.tree_extra, c.tree_extra)):
+            for key, n in counts.items():
+                if n:
+                    counters[key].inc(n)
+        for b, seconds in c.step_times.items():
             observe_values(self.step_seconds[b], np.asarray(seconds))
-        if gp is not None:
-            self.goodput.set(gp)
-        observe_counts(self.committed, committed)
+        if c.goodput is not None:
+            self.goodput.set(c.goodput)
+        observe_counts(self.committed, c.committed)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0) -> None:
@@ -194,42 +193,40 @@ class DFlashMetrics:
         drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
         tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
         greedy chain's. Counted in process, written every FLUSH_STEPS steps (``flush``)."""
-        b = int(block_size)
+        b, c = int(block_size), self._counted
         n = int(accepted.shape[0])
-        self._verify += n
-        self._by_width[b] = self._by_width.get(b, 0) + 1
+        c.verify += n
+        c.by_width[b] += 1
         if b > 1:
-            self._draft += n * (b - 1)
-            total = int(accepted.sum())
-            self._accepted += total
+            c.draft += n * (b - 1)
+            c.accepted += int(accepted.sum())
             top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
             counts = np.bincount(accepted, minlength=top)
             # at_least[j] = requests with accepted >= j: accepted at position j, and tried at position j + 1
             at_least = np.cumsum(counts[::-1])[::-1]
-            self._tried_at[: top - 1] += at_least[: top - 1]
-            self._accepted_at[: top - 1] += at_least[1:top]
-            self._committed[1: top + 1] += counts[:top]
+            c.tried_at[: top - 1] += at_least[: top - 1]
+            c.accepted_at[: top - 1] += at_least[1:top]
+            c.committed[1: top + 1] += counts[:top]
         else:
-            self._committed[1] += n  # a width-1 step commits one token per request
+            c.committed[1] += n  # a width-1 step commits one token per request
         if probe:
-            self._probes_by_width[b] = self._probes_by_width.get(b, 0) + 1
+            c.probes[b] += 1
         if tree_budget is not None:
-            tree = self._trees.setdefault(int(tree_budget), [0, 0])
-            tree[0] += 1
-            tree[1] += int(tree_extra)
+            c.tree_steps[int(tree_budget)] += 1
+            c.tree_extra[int(tree_budget)] += int(tree_extra)
         if switched:
-            self._switches += 1
+            c.switches += 1
         if b != self._last_block:
             self.block_size.set(b)
             self._last_block = b
-        self._goodput = predicted_goodput
-        self._steps += 1
-        if self._steps >= FLUSH_STEPS:
+        c.goodput = predicted_goodput
+        c.steps += 1
+        if c.steps >= FLUSH_STEPS:
             self.flush()
 
     def record_step_time(self, block_size: int, seconds: float) -> None:
         """One decode step's wall time (``dflash_step_seconds``), written with the steps' counts."""
-        self._step_times.setdefault(int(block_size), []).append(float(seconds))
+        self._counted.step_times.setdefault(int(block_size), []).append(float(seconds))
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None) -> None:
