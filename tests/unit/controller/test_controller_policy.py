@@ -175,58 +175,54 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     assert _probe_gaps(far, 96) == [32, 32, 32]
 
 
-def test_an_exploration_does_not_restart_the_near_probes() -> None:
-    """Width 2 is near (unmeasured, within explore_margin) and tried twice; drafting is near enough for near probes.
-    Going to width 2 to measure its cost, and back, says nothing new about acceptance: the probes' doubling goes on
-    (a restart at 4 steps after each such excursion cost ~4 extra probes on CPU prose at 4 users)."""
-    true = {1: 0.010, 2: 0.0115, 4: 0.025, 8: 0.025, 16: 0.025}
-    cfg = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
-                           probe_near_interval=4, cost_sync_interval=1)
-    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
+EXCURSION_CFG = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
+                                 probe_near_interval=4, cost_sync_interval=1)
+
+
+def _excursions(true_cost, steps: int) -> tuple[BlockSizeController, list[int], list[tuple[int, int]]]:
+    """One request whose drafts are never accepted; width 2 is seeded near width 1's cost (unmeasured, within
+    explore_margin: tried) and drafting near enough for near probes. ``true_cost(i)``: the step times at step i.
+    Returns the controller, the width of every step and (step, width) of every probe."""
+    ctrl = BlockSizeController(EXCURSION_CFG, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
     for _ in range(50):
-        feed(ctrl, ["a"], np.array([0]), 16)  # drafts never accepted
+        feed(ctrl, ["a"], np.array([0]), 16)
     widths, probes = [], []
-    for i in range(120):
+    for i in range(steps):
         d = ctrl.decide(["a"])
         widths.append(d.block_size)
         if d.probe:
-            probes.append(i)
+            probes.append((i, d.block_size))
         feed(ctrl, ["a"], np.array([0]), d.block_size, full_draft=d.draft_full)
-        ctrl.observe_step_time(1, d.block_size, true[d.block_size], probe=d.probe)
+        ctrl.observe_step_time(1, d.block_size, true_cost(i)[d.block_size], probe=d.probe)
         if ctrl.cost_sync_due:
             ctrl.sync_cost_table()
+    return ctrl, widths, probes
+
+
+def test_an_exploration_does_not_restart_the_near_probes() -> None:
+    """Width 2 is tried twice and found dearer. Going to width 2 to measure its cost, and back, says nothing new
+    about acceptance: the probes' doubling goes on (a restart at 4 steps after each such excursion cost ~4 extra
+    probes on CPU prose at 4 users)."""
+    true = {1: 0.010, 2: 0.0115, 4: 0.025, 8: 0.025, 16: 0.025}
+    ctrl, widths, probes = _excursions(lambda i: true, 120)
+    probes = [i for i, _ in probes]
     back = [i for i in range(1, 120) if widths[i] == 1 and widths[i - 1] == 2]
     assert len(back) >= 2 and ctrl.explorations >= 2  # two excursions to width 2
     after = [p for p in probes if p > back[1]]
-    assert after[0] - back[1] > cfg.probe_near_interval  # the doubling went on
+    assert after[0] - back[1] > EXCURSION_CFG.probe_near_interval  # the doubling went on
     assert probes[:2] == [7, 19] and len(probes) == 5  # (a restart: probes at 7, 15, 23, 39, 71, 103)
 
 
 def test_leaving_a_tried_width_that_was_kept_restarts_the_near_probes() -> None:
     """Width 2, tried, turns out cheaper and is kept for dozens of steps: it was adopted, not an excursion. When
     its cost rises and the controller goes back to width 1, that is a switch like any other: near probes from 4."""
-    true = {1: 0.010, 2: 0.0085, 4: 0.025, 8: 0.025, 16: 0.025}
-    cfg = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
-                           probe_near_interval=4, cost_sync_interval=1)
-    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
-    for _ in range(50):
-        feed(ctrl, ["a"], np.array([0]), 16)  # drafts never accepted
-    widths, probes = [], []
-    for i in range(100):
-        if i == 30:
-            true[2] = 0.02
-        d = ctrl.decide(["a"])
-        widths.append(d.block_size)
-        if d.probe and d.block_size == 1:
-            probes.append(i)
-        feed(ctrl, ["a"], np.array([0]), d.block_size, full_draft=d.draft_full)
-        ctrl.observe_step_time(1, d.block_size, true[d.block_size], probe=d.probe)
-        if ctrl.cost_sync_due:
-            ctrl.sync_cost_table()
+    cheap = {1: 0.010, 2: 0.0085, 4: 0.025, 8: 0.025, 16: 0.025}
+    ctrl, widths, probes = _excursions(lambda i: cheap if i < 30 else {**cheap, 2: 0.02}, 100)
     back = max(i for i in range(1, 100) if widths[i] == 1 and widths[i - 1] == 2)
     assert widths[back - 20:back] == [2] * 20  # width 2 held for 20+ steps before it was left
     assert widths[back:] == [1] * (100 - back)
-    assert [p for p in probes if p > back][0] - back <= cfg.probe_near_interval  # the near probes restarted
+    first = min(i for i, b in probes if b == 1 and i > back)
+    assert first - back <= EXCURSION_CFG.probe_near_interval  # the near probes restarted
 
 
 def test_far_probes_stretch_with_the_batch_and_near_probes_do_not() -> None:
