@@ -2,13 +2,13 @@
 
 benchmarks/step_profile.py splits one steady decode step (a fixed batch, no arrivals). A sweep point has more:
 requests arrive (prefill, a draft-KV fill of the prompt, the controller's batch change) and finish (the deferred
-draft-KV append flushed, the width-1 counters written). This runs the sweep's own workloads (loadtest/configs.yaml
+draft-KV append flushed, the counters written). This runs the sweep's own workloads (loadtest/configs.yaml
 `workloads:`: prompts and temperature) as a closed loop of N streaming chat users against every configuration's
 server, in turns, while `py-spy record` samples the scheduler; each sample is charged to a phase as step_profile
 charges it. A phase's cost is its busy seconds over the output tokens generated in the same window (each
 finished request's `usage.completion_tokens` spread over its decode time): ms per output token, comparable
-across configurations that commit different tokens per step. The target forward per token is the same work in every configuration; the rest is what a
-configuration adds or saves.
+across configurations that commit different tokens per step. The target forward per token is the same work in
+every configuration; the rest is what a configuration adds or saves.
 
     python benchmarks/load_profile.py [--workloads prose code] [--users 4] [--seconds 20] [--rounds 2]
 
@@ -20,7 +20,6 @@ import argparse
 import json
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.step_profile import PHASE_NAMES, config_for, parse_raw, phase_table, scheduler_pid  # noqa: E402
+from benchmarks.step_profile import PHASE_NAMES, config_for, parse_raw, phase_table, record_scheduler  # noqa: E402
 from harness.server import ManagedServer  # noqa: E402
 from loadtest.dataset import load_prompts  # noqa: E402
 
@@ -83,19 +82,12 @@ def point(server: ManagedServer, users: int, convs: list, temperature: float, ma
     stop, done = threading.Event(), []
     threads = chat_users(server.url, users, convs, temperature, max_tokens, stop, done)
     time.sleep(3.0)  # every user past its first prefill
-    with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
-        t0 = time.perf_counter()
-        subprocess.run(["py-spy", "record", "--pid", str(scheduler_pid(server)), "--rate", str(rate),
-                        "-d", str(int(seconds)), "--format", "raw", "-o", raw.name, "--nonblocking"],
-                       check=True, capture_output=True)
-        t1 = time.perf_counter()
-        text = Path(raw.name).read_text()
+    t0 = time.perf_counter()
+    text = record_scheduler(server, seconds, rate, keep)
+    t1 = time.perf_counter()
     stop.set()
     for t in threads:
         t.join()
-    if keep is not None:
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        keep.write_text(text)
     return parse_raw(text), tokens_in(done, t0, t1)
 
 

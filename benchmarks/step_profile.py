@@ -155,18 +155,23 @@ def profile(server: ManagedServer, ids, new_tokens: int, seconds: float, rate: i
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     time.sleep(1.0)  # into steady decoding
+    text = record_scheduler(server, seconds, rate, keep)
+    stop.set()
+    worker.join()
+    return parse_raw(text)
+
+
+def record_scheduler(server: ManagedServer, seconds: float, rate: int, keep: Path | None = None) -> str:
+    """`py-spy record` of the server's scheduler process for `seconds`: its raw stacks (also copied to `keep`)."""
     with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
         subprocess.run(["py-spy", "record", "--pid", str(scheduler_pid(server)), "--rate", str(rate),
                         "-d", str(int(seconds)), "--format", "raw", "-o", raw.name, "--nonblocking"],
                        check=True, capture_output=True)
         text = Path(raw.name).read_text()
-        samples = parse_raw(text)
     if keep is not None:
         keep.parent.mkdir(parents=True, exist_ok=True)
         keep.write_text(text)
-    stop.set()
-    worker.join()
-    return samples
+    return text
 
 
 def phase_table(title: str, total: str, extra: str, rows: dict[str, tuple[float, str, dict]], digits: int = 2) -> str:
