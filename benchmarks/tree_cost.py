@@ -66,17 +66,16 @@ def first_child_choice(trees: Trees) -> torch.Tensor:
     return token.gather(1, child)
 
 
-def tree_step(logits: torch.Tensor, n: int, k: int, choice: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def tree_step(logits: torch.Tensor, n: int, k: int) -> dict[str, torch.Tensor]:
     """A tree step's own tensor logic, as worker._decode_tree runs it: marginals, the ``n`` best prefixes, the
-    ancestor mask and positions, the walk of ``choice`` (default: ``first_child_choice``) and the window's order.
+    ancestor mask and positions, the walk of a target that picks every node's first child, the window's order.
     ``logits`` [bs, D, V]: the drafter's logits at the D drafted positions."""
     bs, depth, _ = logits.shape
     values, indices = top_log_probs(logits, k)
     trees = build_trees(values, indices, n)
     mask = ancestor_mask(trees.parent)
     prefix_lens = torch.zeros(bs, dtype=torch.int64, device=logits.device)
-    choice = first_child_choice(trees) if choice is None else choice
-    accepted, path, bonus = walk(trees, choice, depth=depth, mask=mask)
+    accepted, path, bonus = walk(trees, first_child_choice(trees), depth=depth, mask=mask)
     return {"token": trees.token, "depth": trees.depth, "parent": trees.parent, "score": trees.score, "mask": mask,
             "positions": tree_positions(prefix_lens, trees.depth), "accepted": accepted, "path": path,
             "bonus": bonus, "order": window_order(path, n + 1)}
