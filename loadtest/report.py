@@ -93,9 +93,10 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         + (" Interleaved: every configuration's server up at once, each point measured for all of them in turn."
            if meta.get("interleave") else " One configuration's points after another's."),
         "",
-        "- **output tok/s**: output tokens of the requests completed in the steady-state window (from the moment "
-        "every user has finished one request to the end) per second; `*` = window too short, measured from the start "
-        "to the last completion instead.",
+        "- **output tok/s**: output tokens received per second in the steady-state window, from the moment every "
+        "user has finished one request to the moment the first user finished its last (each completed request's "
+        "tokens spread over its decode span, so no burst of completions falls in or out of the window whole); "
+        "`*` = window too short, measured from the start to the last completion instead.",
         f"- **speedup**: output tok/s over `{baseline}`'s at the same number of users.",
         "- **TTFT / ITL / TPOT** (ms): exact percentiles over all completed requests, measured by the client; ITL "
         "is the gap between streamed chunks (a speculative step can emit several tokens in one chunk), TPOT the "

@@ -37,9 +37,28 @@ def test_throughput_counts_the_steady_window_only():
         r.record("a", float(t), timings(100))
         r.record("b", t + 1.0, timings(100))
     out = r.throughput(end=40.0, users=2)
-    assert out["window"] == "steady" and out["window_s"] == pytest.approx(37)
-    assert out["output_tok_s"] == pytest.approx(100, rel=0.05)
+    # from b's first completion (3 s) to a's last (38 s): every token in it belongs to a recorded request
+    assert out["window"] == "steady" and out["window_s"] == pytest.approx(35)
+    assert out["output_tok_s"] == pytest.approx(100, rel=0.02)
+    assert out["req_s"] == pytest.approx(1.0, rel=0.02)
     assert out["completed"] == 38 and out["output_tokens_total"] == 3800
+
+
+@pytest.mark.parametrize("latency", [4.5, 4.83, 4.94, 5.1, 5.3])
+def test_throughput_is_the_true_rate_wherever_the_completion_bursts_fall(latency):
+    # 32 users start together and each runs 128-token requests back to back (20-s point): they finish in bursts
+    # one latency apart. Counting the requests completed in the window read 0.71-0.99 of the true rate over these
+    # latencies (the last burst inside the window or just outside it); the rate is 32 * 128 / latency.
+    r = RunRecorder(started_at=0.0)
+    for u in range(32):
+        t = 0.002 * u  # the users' requests leave a few ms apart
+        while t + latency <= 20.0:
+            t += latency
+            r.record(u, t, timings(128, ttft=0.15, e2e=latency))
+    out = r.throughput(end=20.0, users=32)
+    assert out["window"] == "steady"
+    assert out["output_tok_s"] == pytest.approx(32 * 128 / latency, rel=0.01)
+    assert out["req_s"] == pytest.approx(32 / latency, rel=0.01)
 
 
 def test_short_run_falls_back_to_start_until_last_completion():
