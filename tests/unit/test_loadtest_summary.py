@@ -47,7 +47,7 @@ def test_throughput_counts_the_steady_window_only():
 @pytest.mark.parametrize("latency", [4.5, 4.83, 4.94, 5.1, 5.3])
 def test_throughput_is_the_true_rate_wherever_the_completion_bursts_fall(latency):
     # 32 users start together and each runs 128-token requests back to back (20-s point): they finish in bursts
-    # one latency apart. Counting the requests completed in the window read 0.71-0.99 of the true rate over these
+    # one latency apart. Counting the requests completed in the window read 0.69-0.99 of the true rate over these
     # latencies (the last burst inside the window or just outside it); the rate is 32 * 128 / latency.
     r = RunRecorder(started_at=0.0)
     for u in range(32):
