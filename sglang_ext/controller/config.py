@@ -85,6 +85,10 @@ class ControllerConfig:
     explore_margin: try a block whose cost cell (this batch bucket) is unmeasured or stale when its predicted
         goodput is within this fraction of the current block's, for one dwell period; 0 disables.
     explore_stale_measurements: a cost cell counts as stale after this many step-time measurements elsewhere.
+    per_request_widths: let a step verify a width per request (a ragged step, policy.py) when the cost table
+        predicts more than ``hysteresis`` over the batch-wide width. None (the default) = wherever the worker can
+        run it (CPU, greedy batches with nothing applied to the logits), True = the same but refused on a GPU,
+        False = never.
     """
 
     mode: str = "adaptive"
@@ -107,6 +111,7 @@ class ControllerConfig:
     objective: str = "steady"
     explore_margin: float = 0.1
     explore_stale_measurements: int = 4096
+    per_request_widths: bool | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers before validating so the stored record is hashable and canonical.
@@ -132,6 +137,8 @@ class ControllerConfig:
                 _fail("candidates", f"every block size must be an int >= 1, got {c!r}")
             if any(b2 <= b1 for b1, b2 in zip(c, c[1:])):
                 _fail("candidates", f"must be strictly increasing, got {c!r}")
+        if self.per_request_widths is not None and not isinstance(self.per_request_widths, bool):
+            _fail("per_request_widths", f"must be true, false or unset (auto), got {self.per_request_widths!r}")
         if not (_is_real(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
             _fail("hysteresis", f"must be a number in [0, 1), got {self.hysteresis!r}")
         if not (_is_int(self.min_dwell_steps) and self.min_dwell_steps >= 0):

@@ -93,6 +93,7 @@ from .acceptance import AcceptanceStats
 from .config import ControllerConfig
 from .cost_model import CostModel
 from .hindsight import HindsightBuffer
+from .ragged import assign
 from .slots import SlotMap
 from .tree_gain import TreeGain, tree_commits
 
@@ -139,6 +140,8 @@ class Decision:
     switched: ``block_size`` differs from the previous decision's.
     cost_table_version: version of the active cost table used (equal on all TP ranks by construction).
     probe: ``draft_full`` only to observe acceptance (b alone would have drafted less): its step time is not b's.
+    widths: a ragged step -- request i drafts and verifies ``widths[i]`` positions (``block_size`` is the widest,
+        ``draft_full`` False); None: every request verifies ``block_size``.
     """
 
     block_size: int
@@ -148,6 +151,7 @@ class Decision:
     switched: bool = False
     cost_table_version: int = 0
     probe: bool = False
+    widths: tuple[int, ...] | None = None
 
 
 # a relative rise of the acceptance evidence since the last probe that restarts the near-probe doubling. The evidence
@@ -232,6 +236,7 @@ class BlockSizeController:
         self.switches = 0
         self.skipped_probe_timings = 0
         self.explorations = 0
+        self.ragged_steps = 0
         self._explored: dict[tuple[int, int], int] = {}
         self._under_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._ok_for: tuple | None = None  # _explore: the inputs of the candidates it holds (`good` by identity)
@@ -245,7 +250,10 @@ class BlockSizeController:
         self._obs_slots = np.zeros(0, dtype=np.intp)  # and its slots
         self._gp_key: tuple | None = None  # _goodput_reused: the inputs of the estimate it holds
         self._gp_step = 0
-        self._gp_value: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+        self._gp_value: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0), np.zeros(0))
+        self._ragged_for: tuple | None = None  # _ragged: the inputs of the value it holds (E by identity)
+        self._ragged_value: tuple[tuple[int, ...], float, float] | None = None
+        self._chain_rows = np.asarray([k for k, b in enumerate(cands) if b <= self.max_block], dtype=np.intp)
 
     # -- decision ---------------------------------------------------------------------------------------------
     def _probe_interval(self, good: np.ndarray, tokens: np.ndarray, k: int, bs: int) -> tuple[int, float]:
@@ -284,6 +292,11 @@ class BlockSizeController:
         """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change.
         ``sampled``: which requests sample (temperature > 0; None: all greedy) -- each starts from its class's
         prior."""
+        return self._estimate(request_ids, sampled)[:2]
+
+    def _estimate(self, request_ids: Sequence[Hashable],
+                  sampled: Sequence[bool] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``goodput()`` and the per-request estimate it sums, E [candidates, bs]."""
         bs = len(request_ids)
         slots = self._lookup(request_ids)
         classes = _classes(sampled, bs)
@@ -295,10 +308,10 @@ class BlockSizeController:
         if self.cfg.objective == "steady" and self._cur is not None and bs > 1:
             w = E[self._cur]
             eff = (bs * w.sum()) / (w / E).sum(axis=1)
-        return eff / self.cost_model.row(bs)[self._cost_idx], tokens
+        return eff / self.cost_model.row(bs)[self._cost_idx], tokens, E
 
     def _goodput_reused(self, request_ids: Sequence[Hashable],
-                        sampled: Sequence[bool] | None) -> tuple[np.ndarray, np.ndarray]:
+                        sampled: Sequence[bool] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``goodput()``, reused for up to GOODPUT_REUSE_STEPS decisions while none of its inputs changed except the
         counts' per-step decay: the batch and its classes, the slot map, the acceptance and tree-gain counts (their
         ``version``), the active cost table and the current width. The arrays are read-only."""
@@ -306,17 +319,18 @@ class BlockSizeController:
                self.stats.version, self.tree_gain.version, self.cost_model.version, self._cur)
         if key == self._gp_key and self.steps_decided - self._gp_step < GOODPUT_REUSE_STEPS:
             return self._gp_value
-        good, tokens = self.goodput(request_ids, sampled)
-        good.setflags(write=False)
-        tokens.setflags(write=False)
-        self._gp_key, self._gp_step, self._gp_value = key, self.steps_decided, (good, tokens)
-        return good, tokens
+        good, tokens, E = self._estimate(request_ids, sampled)
+        for a in (good, tokens, E):
+            a.setflags(write=False)
+        self._gp_key, self._gp_step, self._gp_value = key, self.steps_decided, (good, tokens, E)
+        return good, tokens, E
 
     def decide(self, request_ids: Sequence[Hashable], trees: bool = True,
-               sampled: Sequence[bool] | None = None) -> Decision:
+               sampled: Sequence[bool] | None = None, ragged: bool = False) -> Decision:
         """Choose this step's block size for the batch ``request_ids`` (vectorised; ~tens of µs at batch 64);
         ``trees`` False: this batch cannot verify a tree (a tree width becomes the widest chain width);
-        ``sampled``: which requests sample (None: all greedy; see PRIOR_CLASSES)."""
+        ``sampled``: which requests sample (None: all greedy; see PRIOR_CLASSES); ``ragged``: the worker can run a
+        width per request this step (with ``per_request_widths``: ``_ragged``)."""
         bs = len(request_ids)
         version = self.cost_model.version
         if bs == 0:  # nothing to run; report the mode's block without changing any state
@@ -327,7 +341,7 @@ class BlockSizeController:
             else:
                 b = self._cands[self._cur] if self._cur is not None else self._cands[0]
             return Decision(int(b), False, 0.0, 0.0, False, version)  # type: ignore[arg-type]
-        good, tokens = self._goodput_reused(request_ids, sampled)
+        good, tokens, E = self._goodput_reused(request_ids, sampled)
         cfg = self.cfg
         cur = self._cur
         explored = False
@@ -362,6 +376,14 @@ class BlockSizeController:
         self._cur = k
         b = int(self._cands[k])
         draft_full = b >= self.max_block or (b > 1 and not self.prefix_drafts)
+        ragged_step = None
+        if ragged and cfg.per_request_widths and cfg.mode == "cycle" and bs > 1:  # a test mode: only when asked
+            ragged_step = self._ragged_cycle(E, bs)
+        elif (ragged and cfg.per_request_widths is not False and cfg.mode == "adaptive" and bs > 1
+              and b <= self.max_block):
+            ragged_step = self._ragged(E, tokens, k, bs)
+        if ragged_step is not None:
+            draft_full = False  # a ragged step drafts each request's own width; probes stay on their clock
         probe = False
         if switched or cur is None:
             # an exploration measures a cost cell, and going back to the width it left is no news about acceptance:
@@ -380,7 +402,54 @@ class BlockSizeController:
                     self._probe_backoff += 1
         self._since_draft = 0 if draft_full else self._since_draft + 1
         self.steps_decided += 1
+        if ragged_step is not None and not probe:
+            widths, g, e = ragged_step
+            self.ragged_steps += 1
+            return Decision(max(widths), False, g, e, switched, version, False, widths)
         return Decision(b, draft_full, float(good[k]), float(tokens[k] / bs), switched, version, probe)
+
+    def _ragged_cycle(self, E: np.ndarray, bs: int) -> tuple[tuple[int, ...], float, float] | None:
+        """``cycle`` mode's ragged step (a test of every mix of widths): request i verifies the pattern's entry
+        i steps ahead of this step's, trees as the widest chain; None when that gives every request one width."""
+        pattern = self.cfg.cycle_pattern or self.candidates
+        at, widest = self.steps_decided, int(self._cands[self._widest_chain])
+        widths = tuple(int(w) if w <= widest else widest
+                       for w in (pattern[(at + i) % len(pattern)] for i in range(bs)))
+        if len(set(widths)) == 1:
+            return None
+        e = E[[self._index[w] for w in widths], np.arange(bs)]
+        return widths, 0.0, float(e.mean())
+
+    def _ragged(self, E: np.ndarray, tokens: np.ndarray, k: int,
+                bs: int) -> tuple[tuple[int, ...], float, float] | None:
+        """(per-request widths, predicted goodput, mean expected tokens) of the best ragged step, or None when it
+        predicts no more than ``hysteresis`` over this step's batch-wide width ``k`` or gives every request one
+        width. Both are scored by this step's goodput, sum_r E_r / T (per-request widths are what the steady
+        objective's harmonic weighting stands in for); the ragged step is priced from the batch's measured (or
+        profiled) cost cells at its mean width (ragged.py). Reused while the (reused) estimate, k and the cost table are unchanged (~70 us
+        to compute at 4-64 requests)."""
+        key = (k, bs, self.cost_model.version)
+        if self._ragged_for is not None and self._ragged_for[0] is E and self._ragged_for[1:] == key:
+            return self._ragged_value
+        self._ragged_for, self._ragged_value = (E, *key), self._ragged_assign(E, tokens, k, bs)
+        return self._ragged_value
+
+    def _ragged_assign(self, E: np.ndarray, tokens: np.ndarray, k: int,
+                       bs: int) -> tuple[tuple[int, ...], float, float] | None:
+        rows = self._chain_rows
+        widths = self._cands[rows]
+        cost = self.cost_model.row(bs)[self._cost_idx][rows]
+        counts, age = self.cost_model.active_evidence(bs)
+        fresh = ((counts[self._cost_idx][rows] >= max(4, self.cfg.min_dwell_steps))
+                 & (age[self._cost_idx][rows] <= self.cfg.explore_stale_measurements))
+        priced = (widths >= 2) & (fresh | self.cost_model.active_seed_measured)
+        start = float(tokens[k]) / float(self.cost_model.row(bs)[self._cost_idx][k]) * (1.0 + self.cfg.hysteresis)
+        floor = float(cost[0]) if widths[0] == 1 else 0.0
+        picks, g = assign(E[rows].T, widths, (widths[priced], cost[priced]), floor, start)
+        if g <= 0.0 or picks.min() == picks.max():
+            return None
+        e = E[rows][picks, np.arange(bs)]
+        return tuple(int(w) for w in widths[picks]), g, float(e.mean())
 
     def _explore(self, bs: int, bucket: int, good: np.ndarray, cur: int) -> int:
         """Try a near-best block whose step time was never (or long ago) measured at this load, once per cooldown.
@@ -435,6 +504,7 @@ class BlockSizeController:
         drafted: np.ndarray | None,
         committed: Sequence[Sequence[int]],
         sampled: Sequence[bool] | None = None,
+        widths: Sequence[int] | None = None,
     ) -> None:
         """Feed one verified step.
 
@@ -443,6 +513,8 @@ class BlockSizeController:
         committed[i]: the tokens committed for request i this step (len = accepted[i] + 1).
         sampled[i]: request i samples (temperature > 0); None: every request is greedy. It picks the prior class
         whose global counts the request's observations feed (PRIOR_CLASSES).
+        widths[i]: a ragged step's width of request i (``Decision.widths``; ``block_size`` its widest): its verify
+        result is censored at widths[i] (it drafted no further).
         With a full drafted block, hindsight (drafted vs committed stream) is the only acceptance observation for
         that block: it subsumes the censored verify result, so the step is never counted twice. Without one, the
         verify result is recorded censored at width block_size.
@@ -461,6 +533,13 @@ class BlockSizeController:
             return
         if acc.min() < 0 or acc.max() > b - 1:
             raise ValueError(f"accepted: values must be in 0..{b - 1} for block_size {b}")
+        tried = np.full(n, b - 1, dtype=np.int64)
+        if widths is not None:
+            tried = np.asarray(widths, dtype=np.int64).reshape(-1) - 1
+            if tried.shape != (n,) or tried.min() < 0 or tried.max() > b - 1 or drafted is not None:
+                raise ValueError(f"widths: expected {n} widths in 1..{b} and no full drafted block, got {widths!r}")
+            if (acc > tried).any():
+                raise ValueError("accepted: a request accepted more drafts than its width verified")
         if len(committed) != n:
             raise ValueError(f"committed: expected {n} sequences, got {len(committed)}")
         counts = np.fromiter(map(len, committed), dtype=np.int64, count=n)
@@ -493,7 +572,7 @@ class BlockSizeController:
         if drafted is not None and self.hindsight is not None:
             self.hindsight.add_blocks(slots, drafted)
         elif b > 1:
-            self.stats.observe(slots, acc, np.full(n, b - 1, dtype=np.int64))
+            self.stats.observe(slots, acc, tried)
         if self.hindsight is not None and self.hindsight.has_pending():  # nothing undecided: the stream is never read
             tokens = np.fromiter(chain.from_iterable(committed), dtype=np.int64, count=int(counts.sum()))
             self.hindsight.append(slots, counts, tokens)

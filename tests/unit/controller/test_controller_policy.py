@@ -639,8 +639,8 @@ def test_decisions_reuse_their_estimate_only_while_nothing_but_the_decay_changed
 
     ctrl = BlockSizeController(ControllerConfig(probe_interval=0, explore_margin=0.0), CostModel.default(BLOCKS))
     calls = []
-    real = BlockSizeController.goodput
-    monkeypatch.setattr(BlockSizeController, "goodput", lambda self, *a: calls.append(1) or real(self, *a))
+    real = BlockSizeController._estimate
+    monkeypatch.setattr(BlockSizeController, "_estimate", lambda self, *a: calls.append(1) or real(self, *a))
 
     def computed(decide) -> int:
         before = len(calls)
@@ -660,3 +660,60 @@ def test_decisions_reuse_their_estimate_only_while_nothing_but_the_decay_changed
     ctrl.sync_cost_table()
     assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 1  # a new cost table
     assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 0
+
+
+RAGGED_COST = {1: 0.010, 2: 0.012, 4: 0.014, 8: 0.018, 16: 0.026}  # drafted widths on the line 0.010 + 0.001 b
+
+
+def mixed_controller(**cfg) -> BlockSizeController:
+    """Two requests the drafter guesses (15 of 15) and two it never does, after 20 full-draft steps."""
+    ctrl = BlockSizeController(ControllerConfig(explore_margin=0.0, probe_interval=0, **cfg), flat_cost(RAGGED_COST))
+    for _ in range(20):
+        feed(ctrl, ["a", "b", "c", "d"], np.array([15, 15, 0, 0]), 16)
+    return ctrl
+
+
+def test_per_request_widths_verify_each_request_at_its_own_width():
+    ctrl = mixed_controller()  # the default (unset): wherever the worker can run a ragged step
+    d = ctrl.decide(["a", "b", "c", "d"], ragged=True)
+    assert d.widths is not None and d.widths[2:] == (1, 1) and min(d.widths[:2]) >= 8, d
+    assert d.block_size == max(d.widths) and not d.draft_full and not d.probe
+    # its predicted goodput beats every batch-wide width's by more than the hysteresis
+    E = ctrl.expected_tokens(["a", "b", "c", "d"]).sum(axis=0)
+    assert d.predicted_goodput > max(E[k] / RAGGED_COST[b] for k, b in enumerate(BLOCKS)) * 1.03
+    assert ctrl.ragged_steps == 1
+
+
+def test_no_ragged_step_unless_enabled_and_servable_or_alike():
+    assert mixed_controller(per_request_widths=False).decide(["a", "b", "c", "d"], ragged=True).widths is None
+    assert mixed_controller(per_request_widths=True).decide(["a", "b", "c", "d"]).widths is None  # worker cannot
+    ctrl = BlockSizeController(ControllerConfig(explore_margin=0.0, probe_interval=0, per_request_widths=True),
+                               flat_cost(RAGGED_COST))
+    for _ in range(20):
+        feed(ctrl, ["a", "b", "c"], np.array([15, 15, 15]), 16)
+    assert ctrl.decide(["a", "b", "c"], ragged=True).widths is None  # alike: the batch-wide width is as good
+
+
+def test_a_ragged_step_is_observed_censored_at_each_requests_width():
+    ctrl = mixed_controller(per_request_widths=True)
+    before = ctrl.expected_tokens(["a", "b", "c", "d"])
+    committed = [list(range(8)), list(range(5)), [7], [9]]
+    ctrl.observe_step(["a", "b", "c", "d"], 8, np.array([7, 4, 0, 0]), None, committed, widths=[8, 8, 1, 1])
+    after = ctrl.expected_tokens(["a", "b", "c", "d"])
+    assert after[1, -1] < before[1, -1]  # b rejected at position 5: its estimate falls
+    # c and d verified width 1: nothing tried, so nothing observed (only the step's decay moves them, alike)
+    np.testing.assert_allclose(after[2], after[3])
+    with pytest.raises(ValueError, match="more drafts than its width"):
+        ctrl.observe_step(["a", "b", "c", "d"], 8, np.array([7, 4, 1, 0]), None,
+                          [list(range(8)), list(range(5)), [7, 8], [9]], widths=[8, 8, 1, 1])
+
+
+def test_cycle_mode_gives_every_request_a_shifted_pattern_entry():
+    pattern = (16, 1, 4)
+    ctrl = BlockSizeController(ControllerConfig(mode="cycle", cycle_pattern=pattern, per_request_widths=True),
+                               flat_cost())
+    ids = ["a", "b", "c", "d"]
+    for step in range(4):
+        d = ctrl.decide(ids, ragged=True)
+        assert d.widths == tuple(pattern[(step + i) % 3] for i in range(4)), (step, d)
+    assert ctrl.decide(["a"], ragged=True).widths is None  # one request: batch-wide

@@ -1,0 +1,64 @@
+"""Per-request verify widths: which width each request of a batch verifies in a ragged step.
+
+Why: one width per batch makes a request the drafter cannot guess verify as wide as the ones it guesses well, and
+on a verify that is compute on every token (CPU, a GPU past its knee) those rows cost as much as useful ones.
+benchmarks/per_request_widths.py bounded the gain on this CPU's cost table at 1.05-1.12x (2-32 requests, the code
+mix, perfect knowledge); a ragged step -- request r drafts and verifies b_r positions, exactly what a batch-wide
+width-b_r step would run for it -- takes what that bound allows.
+
+Contract: a ragged step of widths b_r runs sum_r b_r draft and verify rows, as many as a batch-wide step of the
+mean width m = mean(b_r). ``ragged_cost(points, floor, b)`` prices it from the batch's measured drafted widths
+(``points``: (width, seconds) of the cells with measurements, widths >= 2, increasing): interpolated between the
+two measured widths around m, the narrowest measured width's cost below it, never below ``floor`` (width 1's),
+and infinite above the widest measured width. Only measured cells, and only from above: an unmeasured cell is an
+extrapolation (a server's bucket of 16 requests priced widths 1-4 at bucket 8's costs, and ragged steps there
+read 0.95x the batch-wide width's throughput), and on a compute-bound, convex row the chord between two measured
+widths lies above the row. ``assign(E, widths, points, floor, start)`` -> (picks, goodput): the assignment of
+``widths`` (any candidate: the price depends on the mean only) maximising sum_r E_r(b_r) / ragged_cost among the
+batch's efficient assignments: from every request at the narrowest width, widen one request one step at a time in
+order of tokens gained per row added (E_r is concave in b: each deeper position is accepted less often), so each
+prefix of that order is the most tokens for its rows; every prefix is priced and the best kept. ``picks`` indexes
+``widths``.
+Invariants: pure numpy (no torch, no SGLang), deterministic (a stable sort: ties go to the earlier request and
+its narrower step), so every TP rank assigns the same widths from the same inputs; the goodput returned is that
+of the picks at their price.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+Points = tuple[np.ndarray, np.ndarray]  # (drafted widths >= 2 with measured costs, increasing; their seconds)
+
+
+def ragged_cost(points: Points, floor: float, b: np.ndarray) -> float:
+    """The price of a ragged step whose requests verify ``b`` (module docstring)."""
+    return float(_prices(points, floor, np.asarray([np.mean(b)], dtype=float))[0])
+
+
+def _prices(points: Points, floor: float, m: np.ndarray) -> np.ndarray:
+    w, t = (np.asarray(x, dtype=float) for x in points)
+    price = np.where(m <= w[0], t[0], np.interp(m, w, t))
+    return np.where(m > w[-1] + 1e-9, np.inf, np.maximum(price, floor))
+
+
+def assign(E: np.ndarray, widths: np.ndarray, points: Points, floor: float,
+           start: float) -> tuple[np.ndarray, float]:
+    """E: [bs, W] expected committed tokens of every request at every width ``widths`` [W] (increasing);
+    ``points``/``floor``: the price (``ragged_cost``); ``start``: the goodput to beat (tokens per second).
+    Returns (picks [bs] indices into ``widths``, goodput of the picks); goodput 0.0 when none found beats
+    ``start`` (or nothing drafted is measured: ``points`` empty)."""
+    bs, n = E.shape
+    if len(points[0]) == 0 or n < 2:
+        return np.zeros(bs, dtype=np.intp), 0.0
+    w = np.asarray(widths, dtype=float)
+    dw = np.diff(w)  # [n - 1] rows each step adds
+    dE = np.diff(E, axis=1)  # [bs, n - 1] tokens each step adds
+    gain = np.minimum.accumulate(dE / dw, axis=1)  # per row added, made non-increasing (the request's hull)
+    order = np.argsort(-gain.reshape(-1), kind="stable")  # request-major flat index: ties to the earlier request
+    tokens = E[:, 0].sum() + np.concatenate([[0.0], np.cumsum(dE.reshape(-1)[order])])
+    rows = bs * w[0] + np.concatenate([[0.0], np.cumsum(np.tile(dw, bs)[order])])
+    goodput = tokens / _prices(points, floor, rows / bs)
+    best = int(np.argmax(goodput))  # the first of equals: the fewest rows
+    picks = np.bincount(order[:best] // (n - 1), minlength=bs).astype(np.intp)
+    g = float(goodput[best])
+    return picks, (g if g > start else 0.0)
