@@ -6,9 +6,10 @@ what a step cost, what the controller and Prometheus are told -- and changes whe
 runs and is tested without SGLang or torch (tests/unit/test_controller_loop.py).
 
 Contract (the worker calls, in this order per decode step):
-  * ``begin_decode(rids, now, trees, sampled)`` -> ``Decision``: credits the start-to-start interval that just
-    ended to the decode step it measures (see "Step times") and asks the controller for this step's width
-    (``trees`` False: the batch cannot verify a tree; ``sampled``: which requests sample, None if all are greedy);
+  * ``begin_decode(rids, now, trees, sampled, ragged)`` -> ``Decision``: credits the start-to-start interval that
+    just ended to the decode step it measures (see "Step times") and asks the controller for this step's width
+    (``trees`` False: the batch cannot verify a tree; ``sampled``: which requests sample, None if all are greedy;
+    ``ragged``: the worker can verify a width per request, ``Decision.widths``);
   * ``launched(step)``: the step ``begin_decode`` last decided is on its way; its host copies (``drafted``,
     ``committed``) are read only in ``complete``, after SGLang's copy-done sync;
   * ``complete(accepted, batch_size)``: SGLang's ``on_verify_complete_cpu``, in launch order; feeds acceptance,
@@ -55,10 +56,13 @@ class Metrics(Protocol):
 
     errors: Any
 
-    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray,
-                    predicted_goodput: float) -> None: ...
+    def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
+                    probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
+                    widths: Sequence[int] | None = None) -> None: ...
 
     def record_step_time(self, block_size: int, seconds: float) -> None: ...
+
+    def record_ragged_step_time(self, seconds: float) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -122,11 +126,11 @@ class ControllerLoop:
 
     # -- launch side -------------------------------------------------------------------------------------------
     def begin_decode(self, rids: list[str], now: float, trees: bool = True,
-                     sampled: Sequence[bool] | None = None) -> Decision:
+                     sampled: Sequence[bool] | None = None, ragged: bool = False) -> Decision:
         window = self._launches
         if len(window) == window.maxlen and all(s is not None for s in window):
             self._record_step_time(now - window[-1].start, window[0])
-        decision = self.controller.decide(rids, trees, sampled)
+        decision = self.controller.decide(rids, trees, sampled, ragged)
         self._sampled = sampled
         window.append(StepStart(now, len(rids), decision))
         return decision
@@ -147,6 +151,10 @@ class ControllerLoop:
             return
         try:
             d = step.decision
+            if d.widths is not None:  # a ragged step is no width's cost (its price is the table's line)
+                if self.metrics is not None:
+                    self.metrics.record_ragged_step_time(seconds)
+                return
             if self.settings.learn_costs:
                 self.controller.observe_step_time(step.batch_size, d.block_size, seconds, probe=d.probe)
             if self.metrics is not None:
@@ -181,7 +189,7 @@ class ControllerLoop:
         committed = step.committed.numpy()  # [bs, b]: a row is what it committed up to accepted + 1
         rows = committed if committed.shape[1] == 1 else [row[: a + 1] for row, a in zip(committed, accepted)]
         ctl.observe_step(step.rids, d.block_size, accepted,
-                         None if step.drafted is None else step.drafted.numpy(), rows, sampled)
+                         None if step.drafted is None else step.drafted.numpy(), rows, sampled, d.widths)
         extra, budget = 0, None
         if step.tree_path is not None:
             ctl.observe_tree(d.block_size, step.rids, step.tree_path.numpy())
@@ -201,7 +209,7 @@ class ControllerLoop:
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
                                      predicted_goodput=d.predicted_goodput, probe=d.probe,
-                                     tree_budget=budget, tree_extra=extra)
+                                     tree_budget=budget, tree_extra=extra, widths=d.widths)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

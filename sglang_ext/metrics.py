@@ -33,6 +33,13 @@ steps late, and before a finished request's answer:
                                           the drafter's block a DDTree of b - 1 prefixes). Share of steps:
                                           sum by (block_size) (rate(dflash_block_size_steps_total[5m]))
                                             / ignoring(block_size) group_left sum(rate(dflash_block_size_steps_total[5m]))
+  dflash_ragged_steps_total               decode steps that verified a width per request (per_request_widths; not
+                                          in dflash_block_size_steps_total). Share of the steps:
+                                          rate(dflash_ragged_steps_total[5m]) / (rate(dflash_ragged_steps_total[5m])
+                                            + sum without (block_size) (rate(dflash_block_size_steps_total[5m])))
+  dflash_ragged_request_steps_total{block_size}
+                                          request-steps verified at width b inside ragged steps. Mix of widths:
+                                          sum by (block_size) (rate(dflash_ragged_request_steps_total[5m]))
   dflash_block_size_switches_total        decisions that changed b. Flapping: rate(dflash_block_size_switches_total[5m])
   dflash_controller_errors_total          controller feedback failures (logged; serving continues at the last b).
   dflash_probe_steps_total{block_size}    steps at width b that drafted the full block only to observe acceptance (the
@@ -62,7 +69,8 @@ Gauges:
                                           its step cost, beat every other width.
 Histograms:
   dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
-                                          (draft + verify + draft-KV append + SGLang's result processing).
+                                          (draft + verify + draft-KV append + SGLang's result processing);
+                                          block_size="ragged": the steps that verified a width per request.
                                           p50: histogram_quantile(0.5, sum by (le, block_size) (rate(dflash_step_seconds_bucket[5m])))
   dflash_committed_tokens_per_step        tokens committed per request-step (accepted + 1).
                                           mean: rate(dflash_committed_tokens_per_step_sum[1m]) / rate(dflash_committed_tokens_per_step_count[1m])
@@ -71,6 +79,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +89,7 @@ import numpy as np
 # forward has evicted the caches, and a width-16 step of 2 requests wrote ~35 of them (~120 us of every step, measured
 # cache-cold; width-1 steps' ~8 writes cost ~95 us in a CPU server at 1 request). The width gauge is still set at once.
 FLUSH_STEPS = 16
+RAGGED = "ragged"  # dflash_step_seconds' block_size label of ragged steps
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
 
 
@@ -96,7 +106,9 @@ class _Counted:
         self.probes: Counter[int] = Counter()
         self.tree_steps: Counter[int] = Counter()  # by budget
         self.tree_extra: Counter[int] = Counter()
-        self.step_times: dict[int, list[float]] = {}
+        self.ragged = 0
+        self.ragged_widths: Counter[int] = Counter()
+        self.step_times: dict[int | str, list[float]] = {}
         self.goodput: float | None = None
 
 
@@ -130,6 +142,12 @@ class DFlashMetrics:
         self.tried_by_pos = [tried.labels(position=p, **labels) for p in positions]
         steps = counter("dflash_block_size_steps", "Decode steps run at verify width b", ["block_size"])
         self.block_steps = {b: steps.labels(block_size=str(b), **labels) for b in candidates}
+        self.ragged_steps = counter("dflash_ragged_steps", "Decode steps that verified a width per request").labels(
+            **labels)
+        ragged = counter("dflash_ragged_request_steps", "Request-steps verified at width b in ragged steps",
+                         ["block_size"])
+        self.ragged_request_steps = {b: ragged.labels(block_size=str(b), **labels) for b in candidates
+                                     if b <= self.max_block}
         self.switches = counter("dflash_block_size_switches", "Verify-width changes").labels(**labels)
         self.errors = counter("dflash_controller_errors", "Controller feedback failures").labels(**labels)
         probes = counter("dflash_probe_steps", "Steps that drafted the full block only to observe acceptance",
@@ -153,7 +171,9 @@ class DFlashMetrics:
         self._labels = labels
         step_seconds = Histogram("dflash_step_seconds", "Decode step wall time", names + ["block_size"],
                                  buckets=_STEP_BUCKETS, registry=registry)
-        self.step_seconds = {b: step_seconds.labels(block_size=str(b), **labels) for b in candidates}
+        self.step_seconds: dict[int | str, Any] = {b: step_seconds.labels(block_size=str(b), **labels)
+                                                   for b in candidates}
+        self.step_seconds[RAGGED] = step_seconds.labels(block_size=RAGGED, **labels)
         self.committed = Histogram("dflash_committed_tokens_per_step", "Tokens committed per request-step", names,
                                    buckets=tuple(float(k) for k in range(1, self.max_block + 1)),
                                    registry=registry).labels(**labels)
@@ -169,7 +189,7 @@ class DFlashMetrics:
         # zero increments are not written (each write is an mmap write under a lock); every series exists from
         # start-up, so an unwritten one reads 0
         for counter, n in ((self.verify_steps, c.verify), (self.draft_tokens, c.draft), (self.accepted, c.accepted),
-                           (self.switches, c.switches)):
+                           (self.switches, c.switches), (self.ragged_steps, c.ragged)):
             if n:
                 counter.inc(n)
         for j in np.flatnonzero(c.tried_at):
@@ -177,7 +197,8 @@ class DFlashMetrics:
         for j in np.flatnonzero(c.accepted_at):
             self.accepted_by_pos[j].inc(int(c.accepted_at[j]))
         for counters, counts in ((self.block_steps, c.by_width), (self.probes, c.probes),
-                                 (self.tree_steps, c.tree_steps), (self.tree_extra, c.tree_extra)):
+                                 (self.tree_steps, c.tree_steps), (self.tree_extra, c.tree_extra),
+                                 (self.ragged_request_steps, c.ragged_widths)):
             for key, n in counts.items():
                 if n:
                     counters[key].inc(n)
@@ -188,16 +209,30 @@ class DFlashMetrics:
         observe_counts(self.committed, c.committed)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
-                    probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0) -> None:
+                    probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
+                    widths: Sequence[int] | None = None) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
         drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
         tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
-        greedy chain's. Counted in process, written every FLUSH_STEPS steps (``flush``)."""
+        greedy chain's; ``widths``: a ragged step's width per request (``block_size`` the widest). Counted in
+        process, written every FLUSH_STEPS steps (``flush``)."""
         b, c = int(block_size), self._counted
         n = int(accepted.shape[0])
         c.verify += n
-        c.by_width[b] += 1
-        if b > 1:
+        if widths is None:
+            c.by_width[b] += 1
+        if widths is not None:
+            w = np.asarray(widths, dtype=np.int64)
+            c.ragged += 1
+            c.ragged_widths.update(w.tolist())
+            c.draft += int((w - 1).sum())
+            c.accepted += int(accepted.sum())
+            j = np.arange(1, b)  # positions 1 .. b - 1
+            tried = (w[:, None] - 1 >= j) & (accepted[:, None] >= j - 1)
+            c.tried_at[: b - 1] += tried.sum(axis=0)
+            c.accepted_at[: b - 1] += (accepted[:, None] >= j).sum(axis=0)
+            c.committed[1: b + 1] += np.bincount(accepted, minlength=b)[:b]
+        elif b > 1:
             c.draft += n * (b - 1)
             c.accepted += int(accepted.sum())
             top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
@@ -227,6 +262,10 @@ class DFlashMetrics:
     def record_step_time(self, block_size: int, seconds: float) -> None:
         """One decode step's wall time (``dflash_step_seconds``), written with the steps' counts."""
         self._counted.step_times.setdefault(int(block_size), []).append(float(seconds))
+
+    def record_ragged_step_time(self, seconds: float) -> None:
+        """A ragged step's wall time (``dflash_step_seconds{block_size="ragged"}``)."""
+        self._counted.step_times.setdefault(RAGGED, []).append(float(seconds))
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None) -> None:

@@ -29,6 +29,8 @@ CONTRACT = {
     "dflash_probe_steps_total": ("counter", ("block_size",)),
     "dflash_tree_steps_total": ("counter", ("budget",)),
     "dflash_tree_extra_tokens_total": ("counter", ("budget",)),
+    "dflash_ragged_steps_total": ("counter", ()),
+    "dflash_ragged_request_steps_total": ("counter", ("block_size",)),
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
@@ -96,6 +98,10 @@ class FakeDFlash:
         m["dflash_tree_steps_total"].labels(**lab, budget="31").inc(tree)
         m["dflash_tree_extra_tokens_total"].labels(**lab, budget="31").inc(self.rng.randint(0, batch) if tree else 0)
         m["dflash_tree_expected_extra_tokens"].labels(**lab, budget="31").set(0.3 + 0.1 * math.sin(t))
+        ragged = self.steps % 3 == 0  # per-request widths: a third of the steps, half the requests at width 1
+        m["dflash_ragged_steps_total"].labels(**lab).inc(ragged)
+        for w, n in ((1, batch // 2), (16, batch - batch // 2)):
+            m["dflash_ragged_request_steps_total"].labels(**lab, block_size=str(w)).inc(n if ragged else 0)
         step_s = 0.01 + 0.0004 * batch * b
         m["dflash_step_seconds"].labels(**lab, block_size=str(b)).observe(step_s * self.rng.uniform(0.9, 1.2))
         committed_all = 0

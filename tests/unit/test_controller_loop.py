@@ -374,3 +374,32 @@ def test_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished
     assert value("dflash_step_seconds_count", block_size="1") == N + 1  # the last step's comes with the next launch
 
 
+
+
+def test_ragged_steps_are_counted_by_request_width_and_kept_out_of_the_cost_table():
+    """A ragged step (per-request widths): its requests count at their own widths, each position's chances only
+    where a request's width reached it, its time under block_size="ragged", never in a width's cost cell."""
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="cycle", candidates=[1, 4, 16], cycle_pattern=[16, 1, 4], per_request_widths=True)
+    table = lp.controller.cost_model.table.copy()
+    for i in range(3):  # widths (16, 1, 4), (1, 4, 16), (4, 16, 1)
+        d = lp.begin_decode(["a", "b", "c"], 10.0 + i, ragged=True)
+        assert d.widths is not None and sorted(d.widths) == [1, 4, 16]
+        w = list(d.widths)
+        acc = [min(2, x - 1) for x in w]
+        committed = np.zeros((3, d.block_size), dtype=np.int64)  # [bs, widest]: a row is read up to acc + 1
+        lp.launched(LaunchedStep(["a", "b", "c"], d, None, Host(committed)))
+        lp.complete(acc, 3)
+    lp.begin_decode(["a"], 13.0, ragged=True)  # one request: batch-wide; closes the last ragged step's interval
+    written(lp)
+    labels = {"model_name": "m"}
+    value = lambda name, **lab: reg.get_sample_value(name, labels | lab)  # noqa: E731
+    assert value("dflash_ragged_steps_total") == 3
+    assert [value("dflash_ragged_request_steps_total", block_size=str(b)) for b in (1, 4, 16)] == [3, 3, 3]
+    assert value("dflash_block_size_steps_total", block_size="16") == 0
+    # accepted 2 at widths 4 and 16, 0 at width 1: positions 1-3 tried by 6 requests (3 of width 1 tried none)
+    assert [value("dflash_tried_tokens_by_position_total", position=str(j)) for j in (1, 2, 3, 4)] == [6, 6, 6, 0]
+    assert value("dflash_draft_tokens_total") == 3 * (0 + 3 + 15)
+    assert value("dflash_accepted_tokens_total") == 12
+    assert reg.get_sample_value("dflash_step_seconds_count", labels | {"block_size": "ragged"}) == 3
+    np.testing.assert_array_equal(lp.controller.cost_model.table, table)
