@@ -116,7 +116,7 @@ def check(config: ServeConfig) -> PreflightReport:
 
 def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
     """The controller settings against the drafter (widths <= 4x its block; trees above it on CPU without tensor
-    parallelism) and the cost profile (loadable)."""
+    parallelism), per-request widths (CPU) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
     settings = spec.adaptive_settings()
@@ -130,6 +130,10 @@ def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
                f"{device}" if device != "cpu" else f"needs tensor parallel size 1, not {tp_size}")
         raise ConfigError(f"speculative.adaptive.candidates: widths {list(trees)} are above the drafter's block "
                           f"{draft_block}, so they verify a DDTree, which {why}; use widths up to {draft_block}")
+    if settings.controller.per_request_widths is True and device != "cpu":
+        raise ConfigError(f"speculative.adaptive.per_request_widths: runs on CPU only in this release (the ragged "
+                          f"verify reads the CPU attention's layout; GPU verify graphs are per width), not device "
+                          f"{device}; set it false or leave it unset (auto: on where it runs)")
     if settings.cost_profile is not None:
         path = settings.cost_profile
         if not Path(path).is_file():

@@ -57,6 +57,8 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang_ext import names, verify_rows
 from sglang_ext.controller.policy import Decision
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
+from sglang_ext.cpu.attention import RaggedBlock
+from sglang_ext.patches.cpu_layer import RAGGED_ATTR
 from sglang_ext.patches.verify_sampling import ORCHESTRATOR
 from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.tree.build import build_trees
@@ -93,6 +95,23 @@ class DeferredAppend:
     hidden: torch.Tensor  # [bs, D]
     cache_loc: torch.Tensor  # [bs] draft-pool KV slots
     positions: torch.Tensor  # [bs]
+
+
+def _published(prefix_lens: torch.Tensor, commit_lens: torch.Tensor, new_seq_lens: torch.Tensor | None,
+               on_publish) -> torch.Tensor:
+    """The committed lengths after the step (the accept's, or prefix + commit), handed to SGLang's ``on_publish``."""
+    if new_seq_lens is None:
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+    return new_seq_lens
+
+
+def _target_hidden(logits_output) -> torch.Tensor:
+    hidden = logits_output.hidden_states
+    if hidden is None:
+        raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
+    return hidden
 
 
 def _sampled(batch) -> list[bool] | None:
@@ -132,6 +151,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
         self._trees = self._checked_trees(settings, int(group.world_size))
+        if settings.controller.per_request_widths is True and torch.device(self.device).type != "cpu":
+            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.per_request_widths runs on CPU only in this "
+                             "release (GPU verify graphs are per width): set it false or leave it unset")
         self._deferred: list[DeferredAppend] = []
         self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
@@ -248,7 +270,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
         decision = self.loop.begin_decode(rids, now, trees=self._trees and self._tree_serves(batch),
-                                          sampled=_sampled(batch))
+                                          sampled=_sampled(batch), ragged=self._ragged_serves(batch))
         self._verify_runtimes.activate(decision.block_size)
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 
@@ -260,6 +282,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs, B, b = len(batch.seq_lens), self.max_block, decision.block_size
+        if decision.widths is not None:
+            return self._decode_ragged(batch, rids, decision, draft_input, bs, on_publish)
         if b == 1 and not decision.draft_full:
             return self._decode_width1(batch, rids, decision, draft_input, bs, on_publish, grammar_barrier)
         if b > B:
@@ -279,6 +303,54 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)
         self.loop.launched(LaunchedStep(rids, decision, drafted, committed))
         return result
+
+    def _ragged_serves(self, batch) -> bool:
+        """Whether this batch's step may verify a width per request: on CPU (the torch attention reads the ragged
+        layout; GPU verify graphs are per width), and a greedy batch with nothing applied to the verify logits
+        (upstream's own test for skipping them, and ours for penalties) -- its accept is then an argmax per row."""
+        return (self._prefix_drafts and not upstream.is_cuda() and self._tree_serves(batch)
+                and self._can_skip_verify_logits(batch, batch.sampling_info))
+
+    def _decode_ragged(self, batch, rids: list[str], decision: Decision, draft_input, bs: int, on_publish):
+        """A ragged step: request i drafts and verifies the first ``decision.widths[i]`` positions of its window --
+        what a width-widths[i] step would run for it -- in one draft and one verify forward of sum(widths) rows
+        (RaggedBlock). The accept runs on the padded [bs, W] layout (W the widest): a padded candidate is -1,
+        which no argmax equals, so request i accepts at most widths[i] - 1 drafts and its bonus is the target's
+        token at a row it verified."""
+        self._flush_deferred_append()  # the draft reads its KV: it must hold every committed token
+        W = int(decision.block_size)
+        lens = torch.tensor(decision.widths, dtype=torch.int64, device=self.device)
+        ragged = RaggedBlock.of(lens, W)
+        window = self._plan_window(batch, draft_input, bs)
+        # the ragged rows as a flat index into the [bs, B] window (KVLocPlan cols)
+        cols = (ragged.rows // W) * self.max_block + ragged.rows % W
+        drafted = self._draft(batch, window, bs, W, ragged=ragged, cols=cols)  # [bs, W - 1], -1 past each width
+        cand = torch.cat([draft_input.bonus_tokens.view(bs, 1).to(torch.int64), drafted], dim=1)
+        positions = window.positions[:, :W].reshape(-1).index_select(0, ragged.rows)
+        target_out, target_predict = self._verify_forward(batch, draft_input, window, cand, positions, bs, None,
+                                                          ragged=ragged, cols=cols)
+        logits_output = target_out.logits_output
+        if target_predict is None:
+            target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
+        predict = ragged.pad(target_predict.view(-1).to(torch.int64)).view(bs, W)
+        self.block_size = W  # upstream's accept reads the verify width from it (see _verify)
+        try:
+            accept_len, commit_lens, bonus, out_tokens, new_seq_lens = self._accept_block(
+                candidates=cand, next_token_logits=None, sampling_info=batch.sampling_info, draft_input=draft_input,
+                prefix_lens=window.prefix_lens, bs=bs, target_predict=predict)
+        finally:
+            self.block_size = self.max_block
+        out_tokens.clamp_(min=0)  # past each commit length: a padded candidate's -1, read by nothing
+        new_seq_lens = _published(window.prefix_lens, commit_lens, new_seq_lens, on_publish)
+        hidden = _target_hidden(logits_output)
+        cache_loc = window.plan.write_ids(self.draft_model_runner.kv_index_translator, cols=slice(0, W))
+        self._append_committed(ragged.pad(hidden).view(bs, W, -1), cache_loc.view(bs, W),
+                               window.positions[:, :W], commit_lens)
+        logits_output.hidden_states = None
+        logits_output.next_token_logits = None  # the packed rows' logits: nothing downstream reads them (greedy)
+        committed = out_tokens.view(bs, W).to("cpu", non_blocking=True)
+        self.loop.launched(LaunchedStep(rids, decision, None, committed))
+        return self._result(target_out, out_tokens, commit_lens, bonus, new_seq_lens, W)
 
     def _tree_serves(self, batch) -> bool:
         """Whether this batch's step may verify a tree: nothing in it depends on the candidates being one chain --
@@ -326,25 +398,14 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
         cols = window.prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(n, device=order.device)
         req_to_token[rows, cols] = window.cache_loc[:, :n].gather(1, order).to(req_to_token.dtype)
-        new_seq_lens = window.prefix_lens + commit_lens.to(window.prefix_lens.dtype)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
-        hidden = hidden.view(bs, n, -1)
+        new_seq_lens = _published(window.prefix_lens, commit_lens, None, on_publish)
+        hidden = _target_hidden(logits_output).view(bs, n, -1)
         hidden = hidden.gather(1, order.unsqueeze(2).expand(bs, n, hidden.shape[-1]))
         draft_loc = window.plan.write_ids(self.draft_model_runner.kv_index_translator, cols=slice(0, n))
         draft_loc = draft_loc.view(bs, n).gather(1, order)
         self._append_committed(hidden, draft_loc, window.positions[:, :n], commit_lens)
         logits_output.hidden_states = None
-        result = upstream.GenerationBatchResult(
-            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
-            can_run_cuda_graph=target_out.can_run_cuda_graph,
-            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=stride, new_seq_lens=new_seq_lens,
-            routed_experts_output=target_out.routed_experts_output,
-            indexer_topk_output=target_out.indexer_topk_output)
+        result = self._result(target_out, out_tokens, commit_lens, bonus, new_seq_lens, stride)
         self.loop.launched(LaunchedStep(rids, decision, drafted, out_tokens.to("cpu", non_blocking=True),
                                         tree_path=path.to("cpu", non_blocking=True)))
         return result
@@ -498,19 +559,31 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         lens = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
         return lens, int(lens.sum())
 
-    def _draft(self, batch, window: StepWindow, bs: int, width: int, marginals_k: int = 0):
+    def _draft(self, batch, window: StepWindow, bs: int, width: int, marginals_k: int = 0,
+               ragged: RaggedBlock | None = None, cols: torch.Tensor | None = None):
         """Upstream's draft forward over the first ``width`` positions of the window (the full block B, or a prefix
         with prefix drafts) -> greedy draft tokens [bs, width - 1]; with ``marginals_k``, the top-k marginals of
-        those positions instead (``_marginals``: a tree step's input, from the same one forward)."""
+        those positions instead (``_marginals``: a tree step's input, from the same one forward). ``ragged``
+        (``cols``: its rows in the window): request i drafts its first ragged.lens[i] positions only; the result
+        is -1 past them."""
         full = width == self.max_block
-        spec_info = self._draft_spec_info_by_width.get(width)
-        if spec_info is None:
+        spec_info = self._draft_spec_info_by_width.get(width) if ragged is None else None
+        if ragged is not None:  # this step's own: it carries the layout to the attention (cpu_layer.RAGGED_ATTR)
+            spec_info = upstream.make_draft_block_spec_info(draft_token_num=width, device=self.device)
+            setattr(spec_info, RAGGED_ATTR, ragged)
+        elif spec_info is None:
             spec_info = self._draft_spec_info_by_width[width] = upstream.make_draft_block_spec_info(
                 draft_token_num=width, device=self.device)
         target_model = self.target_worker.model_runner.model
         embed = upstream.unwrap_lora_layer(upstream._resolve_dflash_embedding_module(self.draft_model, target_model))
         lm_head = upstream.unwrap_lora_layer(getattr(target_model, "lm_head", None))
         block_ids = window.block_ids if full else window.block_ids[:, :width].contiguous()
+        rows = bs * width
+        positions = window.positions[:, :width].reshape(-1)
+        if ragged is not None:
+            block_ids = block_ids.reshape(-1).index_select(0, ragged.rows)
+            positions = positions.index_select(0, ragged.rows)
+            rows = int(ragged.rows.shape[0])
         if self._full_embed_gpu is not None:
             noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
         else:
@@ -523,15 +596,18 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         forward_batch = upstream.ForwardBatch(
             forward_mode=upstream.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
             req_pool_indices=batch.req_pool_indices, seq_lens=window.prefix_lens,
-            out_cache_loc=window.cache_loc[:, :width].reshape(-1), seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
-            positions=window.positions[:, :width].reshape(-1), input_embeds=noise.view(-1, noise.shape[-1]),
+            out_cache_loc=window.cache_loc[:, :width].reshape(-1) if ragged is None else None,
+            seq_lens_sum=lens_sum, seq_lens_cpu=seq_lens_cpu,
+            positions=positions, input_embeds=noise.view(-1, noise.shape[-1]),
             spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH, spec_info=spec_info,
             capture_hidden_mode=upstream.CaptureHiddenMode.NULL,
-            num_token_non_padded=(torch.full((), bs * width, dtype=torch.int32, device=self.device)
+            num_token_non_padded=(torch.full((), rows, dtype=torch.int32, device=self.device)
                                   if upstream.enable_num_token_non_padded() else None),
-            global_num_token_non_padded_cpu=bs * width, can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph)
+            global_num_token_non_padded_cpu=rows,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph and ragged is None)
         window.plan.bind(forward_batch, self.draft_model_runner.kv_index_translator,
-                         cols=None if window.cache_loc.shape[1] == width else slice(0, width))
+                         cols=cols if ragged is not None
+                         else None if window.cache_loc.shape[1] == width else slice(0, width))
         with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
         if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
@@ -539,6 +615,13 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
+        if ragged is not None:
+            drafted = ragged.rows % width != 0  # every row but the anchors
+            with upstream.draft_tp_context(self.draft_parallel_layout):
+                greedy = self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden[drafted], lm_head=lm_head)
+            out_tokens = torch.full((bs * width,), -1, dtype=torch.int64, device=hidden.device)
+            out_tokens[ragged.rows[drafted]] = greedy.view(-1).to(torch.int64)
+            return out_tokens.view(bs, width)[:, 1:]
         hidden = hidden.view(bs, width, -1)
         if marginals_k:
             return self._marginals(hidden[:, 1:, :], lm_head, marginals_k)
@@ -558,17 +641,26 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         return top_log_probs(torch.matmul(hidden.to(weight.dtype), weight.T), k)
 
     def _verify_forward(self, batch, draft_input, window: StepWindow, cand: torch.Tensor, positions: torch.Tensor,
-                        bs: int, grammar_barrier, tree_mask: torch.Tensor | None = None):
+                        bs: int, grammar_barrier, tree_mask: torch.Tensor | None = None,
+                        ragged: RaggedBlock | None = None, cols: torch.Tensor | None = None):
         """The target's verify forward of [bs, n] candidates written to the first n slots of the window, at
         ``positions``, then the logit adjustments every accept applies (custom logit processors, grammar) ->
         (target_out, target_predict: its argmax when upstream skipped the full logits, else None). ``tree_mask``
-        ([bs, n, n] ancestor mask): a tree verify (the grammar is a chain's; tree steps never have one)."""
+        ([bs, n, n] ancestor mask): a tree verify (the grammar is a chain's; tree steps never have one).
+        ``ragged`` (``cols``: its rows in the window): the packed rows of ``cand`` only, at packed ``positions``
+        (``_decode_ragged``: greedy, nothing applied to the logits)."""
         n = int(cand.shape[1])
         grammar_tree = upstream.GrammarTree.from_linear_chain(cand) if batch.has_grammar else None
+        draft_token, write = cand.reshape(-1), slice(0, n)
+        if ragged is not None:
+            draft_token, write = draft_token.index_select(0, ragged.rows), cols
         verify_input = upstream.DFlashVerifyInput(
-            draft_token=cand.reshape(-1), positions=positions, draft_token_num=n, custom_mask=tree_mask,
-            capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=window.plan, kv_loc_cols=slice(0, n))
-        batch.out_cache_loc = window.cache_loc[:, :n].reshape(-1)
+            draft_token=draft_token, positions=positions, draft_token_num=n, custom_mask=tree_mask,
+            capture_hidden_mode=upstream.CaptureHiddenMode.FULL, kv_loc_plan=window.plan, kv_loc_cols=write)
+        if ragged is not None:
+            setattr(verify_input, RAGGED_ATTR, ragged)
+        batch.out_cache_loc = (window.cache_loc[:, :n].reshape(-1) if ragged is None
+                               else window.cache_loc.reshape(-1).index_select(0, cols))
         sampling_info = batch.sampling_info
         saved = batch.seq_lens_cpu, batch.seq_lens_sum
         if batch.seq_lens_cpu is not None or draft_input.nxt_kv_lens_cpu is not None:
@@ -632,15 +724,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                                                            commit_lens=commit_lens)
         if batch.return_logprob:
             upstream.compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=b)
-        if new_seq_lens is None:
-            new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
-        hidden = hidden.view(bs, b, -1)
+        new_seq_lens = _published(prefix_lens, commit_lens, new_seq_lens, on_publish)
+        hidden = _target_hidden(logits_output).view(bs, b, -1)
         cache_loc = plan.write_ids(self.draft_model_runner.kv_index_translator, cols=cols)
         if defer_append:  # a copy: a CUDA graph's output buffer is overwritten by the next replay
             self._deferred.append(DeferredAppend(hidden.reshape(bs, -1).clone(), cache_loc.reshape(-1).clone(),
@@ -648,12 +733,18 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         else:
             self._append_committed(hidden, cache_loc.view(bs, b), positions.view(bs, b), commit_lens)
         logits_output.hidden_states = None
+        return self._result(target_out, out_tokens, commit_lens, bonus, new_seq_lens, b)
+
+    def _result(self, target_out, out_tokens: torch.Tensor, commit_lens: torch.Tensor, bonus: torch.Tensor,
+                new_seq_lens: torch.Tensor, stride: int):
+        """The step's result for the scheduler: ``out_tokens`` [bs, stride] (its row stride of next_token_ids),
+        each row's first commit_lens[i] committed."""
         return upstream.GenerationBatchResult(
-            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
+            logits_output=target_out.logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
             can_run_cuda_graph=target_out.can_run_cuda_graph,
             next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=b,  # the scheduler's row stride of next_token_ids
-            new_seq_lens=new_seq_lens, routed_experts_output=target_out.routed_experts_output,
+            speculative_num_draft_tokens=stride, new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output)
 
     def _accept_width1(self, cand: torch.Tensor, logits: torch.Tensor | None, sampling_info, draft_input, bs: int,

@@ -10,6 +10,12 @@ O(L*n) per request, batched over requests with one SDPA call per layer.
 
 The gather index and mask depend only on the batch, not the layer, so a `BlockPlan` is
 built once per forward and reused by every layer.
+
+A ragged block (`RaggedBlock`: request i has lens[i] <= block new tokens, its rows packed
+request-major) is attended one group of equal lengths at a time (`ragged_plans`, `attend_groups`):
+each group is an ordinary block of its length, so every row sees exactly the keys it would in a
+block of lens[i] tokens. Why not one padded call: the padded rows cost query work for nothing
+(16 requests at widths 16 and 1: 3.37 vs 3.12 ms a layer, one core).
 """
 from __future__ import annotations
 
@@ -17,6 +23,32 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+
+@dataclass(frozen=True)
+class RaggedBlock:
+    """A forward whose request i has ``lens[i]`` new tokens (1 <= lens[i] <= ``block``), packed request-major:
+    ``rows`` [sum(lens)] are their indices in the padded [bs * block] layout."""
+
+    lens: torch.Tensor  # [bs] int64
+    rows: torch.Tensor  # [sum(lens)] int64
+    block: int
+    groups: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]  # (length, its requests, their packed rows)
+
+    @staticmethod
+    def of(lens: torch.Tensor, block: int) -> "RaggedBlock":
+        live = torch.arange(block, device=lens.device).view(1, block) < lens.view(-1, 1)
+        start = torch.cumsum(lens, 0) - lens  # each request's first packed row
+        groups = []
+        for n in sorted(set(lens.tolist())):
+            reqs = (lens == n).nonzero().view(-1)
+            groups.append((int(n), reqs, (start[reqs].view(-1, 1) + torch.arange(n, device=lens.device)).view(-1)))
+        return RaggedBlock(lens, live.view(-1).nonzero().view(-1), int(block), tuple(groups))
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[sum(lens), ...] -> [bs * block, ...], zeros in the padded rows."""
+        out = x.new_zeros((self.lens.shape[0] * self.block, *x.shape[1:]))
+        return out.index_copy_(0, self.rows, x)
 
 
 @dataclass(frozen=True)
@@ -79,6 +111,23 @@ def attend(plan: BlockPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = scaled_dot_product_attention(query, key, value, attn_mask=plan.mask, scale=scaling,
                                        enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).reshape(bs * block, q.shape[1], value.shape[-1])
+
+
+def ragged_plans(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                 ragged: RaggedBlock, *, causal: bool,
+                 sliding_window: int | None = None) -> list[tuple[torch.Tensor, BlockPlan]]:
+    """(packed rows, plan) of each group of equal lengths of a ragged block."""
+    return [(rows, make_plan(req_to_token, req_pool_indices[reqs], prefix_lens[reqs], n, causal=causal,
+                             sliding_window=sliding_window)) for n, reqs, rows in ragged.groups]
+
+
+def attend_groups(groups: list[tuple[torch.Tensor, BlockPlan]], q: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+    """``attend`` of a ragged block's packed q [sum(lens), Hq, D], one group at a time."""
+    out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
+    for rows, plan in groups:
+        out.index_copy_(0, rows, attend(plan, q.index_select(0, rows), k_cache, v_cache, scaling))
+    return out
 
 
 def block_attention(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, block, *, causal: bool,

@@ -155,12 +155,16 @@ def _input_embeds_in_runner_dtype() -> None:
 
 # -- attention and sampling -------------------------------------------------------------
 
+# the spec-info attribute of a ragged TARGET_VERIFY (cpu/attention.py RaggedBlock); the adaptive worker sets it
+RAGGED_ATTR = "_dflash_serve_ragged"
+
 def _torch_native_block_attention() -> None:
     """layers/attention/torch_native_backend.py: TARGET_VERIFY (target verify, causal; DFlash
     draft, ENCODER_ONLY = non-causal) has no path upstream, and DECODE loops per request.
     Both become one batched O(L*n) SDPA per layer (cpu/attention.py). The gather index and
     mask are built once per forward batch and shared by all its layers. A tree verify (the
-    adaptive worker's DDTree step) replaces causal with its ancestor mask."""
+    adaptive worker's DDTree step) replaces causal with its ancestor mask; a ragged step (the
+    adaptive worker's per-request widths) sets RAGGED_ATTR on the forward's spec info."""
 
     def tree_mask(fb):
         """A tree verify's ancestor mask: DFlashVerifyInput.custom_mask ("True means the (q, k) pair is allowed"),
@@ -173,14 +177,24 @@ def _torch_native_block_attention() -> None:
         from sglang.srt.layers.radix_attention import AttentionType
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        from sglang_ext.cpu.attention import attend, make_plan
+        from sglang_ext.cpu.attention import attend, attend_groups, make_plan, ragged_plans
 
-        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, causal):
+        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, causal, ragged=None):
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
             window = layer.sliding_window_size if causal and layer.sliding_window_size not in (None, -1) else None
             plans = fb.__dict__.setdefault("_dflash_serve_block_plans", {})
             key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window)
+            q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+            k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+            if ragged is not None:
+                groups = plans.get(key)
+                if groups is None:
+                    groups = plans[key] = ragged_plans(self.req_to_token_pool.req_to_token, fb.req_pool_indices,
+                                                       fb.seq_lens, ragged, causal=causal, sliding_window=window)
+                out = attend_groups(groups, q, k_buf, v_buf, layer.scaling)
+                return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
             plan = plans.get(key)
             if plan is None:
                 # TARGET_VERIFY: seq_lens excludes the block being verified/drafted; DECODE: it includes the token.
@@ -188,9 +202,7 @@ def _torch_native_block_attention() -> None:
                 plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
                                               block, causal=causal, sliding_window=window,
                                               tree=tree_mask(fb) if causal else None)
-            out = attend(plan, q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
-                         self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                         self.token_to_kv_pool.get_value_buffer(layer.layer_id), layer.scaling)
+            out = attend(plan, q, k_buf, v_buf, layer.scaling)
             return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
         def make_extend(original_extend):
@@ -199,9 +211,16 @@ def _torch_native_block_attention() -> None:
                     return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
                 bs = forward_batch.seq_lens.shape[0]
                 rows = q.shape[0]
+                causal = layer.attn_type != AttentionType.ENCODER_ONLY
+                ragged = getattr(forward_batch.spec_info, RAGGED_ATTR, None)
+                if ragged is not None:
+                    if rows != ragged.rows.shape[0]:
+                        raise ValueError(f"ragged TARGET_VERIFY batch has {rows} query rows, its layout "
+                                         f"{ragged.rows.shape[0]}")
+                    return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=ragged.block,
+                               causal=causal, ragged=ragged)
                 if rows % bs:
                     raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
-                causal = layer.attn_type != AttentionType.ENCODER_ONLY
                 return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal)
 
             return forward_extend

@@ -144,6 +144,15 @@ def test_a_tree_width_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, 
     with pytest.raises(ConfigError, match=r"which needs tensor parallel size 1, not 2"):
         check(load_config(write(tmp_path, data)))
     data["sglang_args"] = {}
+    data["speculative"]["adaptive"] = {"per_request_widths": True}
+    assert check(load_config(write(tmp_path, data))).draft_block_size == 16
+    data["server"] = {"device": "cuda"}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.per_request_widths: runs on CPU only"):
+        check(load_config(write(tmp_path, data)))
+    data["server"] = {}
+    data["speculative"]["adaptive"] = {"per_request_widths": "yes"}
+    with pytest.raises(ConfigError, match=r"speculative.adaptive.per_request_widths"):
+        check(load_config(write(tmp_path, data)))
     data["speculative"]["adaptive"] = {"tree_budget": 15}  # the shape of speculation is a width now
     with pytest.raises(ConfigError, match=r"speculative.adaptive.tree_budget"):
         load_config(write(tmp_path, data))

@@ -206,3 +206,31 @@ def test_sampler_rejects_trees():
             torch.zeros(3, dtype=torch.int32), torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
             candidates, torch.arange(3).view(1, 3), torch.tensor([[1, 2, -1]]), sib, torch.rand(1, 3), torch.rand(1),
             torch.full((1, 3, 4), 0.25), torch.zeros(1, 3, 4))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_block_attention_is_each_requests_own_block(causal):
+    """A ragged forward (request i: lens[i] new tokens, packed request-major) attends, row for row, exactly as a
+    block of lens[i] tokens would for that request alone: the target's causal verify and the draft's
+    bidirectional block (keys end at prefix_i + lens[i], never at the widest request's)."""
+    from sglang_ext.cpu.attention import RaggedBlock, attend_groups, ragged_plans
+
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, slots, width = 4, 2, 8, 300, 6
+    k_cache, v_cache = torch.randn(slots, hkv, d, generator=g), torch.randn(slots, hkv, d, generator=g)
+    prefix = torch.tensor([5, 11, 3, 8])
+    lens = torch.tensor([1, 6, 3, 2])
+    pool_idx = torch.tensor([3, 1, 0, 2])
+    req_to_token = torch.randperm(slots, generator=g)[: 4 * 40].view(4, 40).to(torch.int32)
+    ragged = RaggedBlock.of(lens, width)
+    q = torch.randn(int(lens.sum()), hq, d, generator=g)
+    groups = ragged_plans(req_to_token, pool_idx, prefix, ragged, causal=causal)
+    assert len(groups) == 4  # one per distinct length
+    got = attend_groups(groups, q, k_cache, v_cache)
+    start = 0
+    for i in range(4):
+        n = int(lens[i])
+        want = naive_attention(q[start:start + n], k_cache, v_cache, req_to_token, pool_idx[i:i + 1],
+                               prefix[i:i + 1], n, causal, None)
+        torch.testing.assert_close(got[start:start + n], want, rtol=1e-5, atol=1e-5)
+        start += n

@@ -1,0 +1,66 @@
+"""Per-request verify widths (speculative.adaptive.per_request_widths): a ragged step -- each request drafting and
+verifying its own width in one draft and one verify forward -- commits exactly what plain decoding would.
+
+The cycle server gives request i of every step the pattern's entry i steps ahead, so one batch mixes widths 1, 2,
+4, 8 and 16 (speculation off next to the full block) and each request's width changes every step.
+"""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.integration.test_adaptive import adaptive_config, scrape
+from tests.integration.test_lossless import MAX_NEW, plain_greedy, prompt_ids  # noqa: F401  (shared fixtures)
+
+pytestmark = pytest.mark.server
+PATTERN = [16, 1, 4, 16, 8, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def ragged_cycle_server(module_server_factory, tiny_pair):
+    cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 2, 4, 8, 16], cycle_pattern=PATTERN,
+                          per_request_widths=True)
+    return module_server_factory(cfg, "ragged-cycle")
+
+
+def _ragged_steps(server) -> float:
+    return sum(scrape(server, "dflash_ragged_steps_total").values())
+
+
+def test_ragged_steps_commit_what_plain_decoding_commits(ragged_cycle_server, plain_greedy, prompt_ids):
+    before = _ragged_steps(ragged_cycle_server)
+    batched = ragged_cycle_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
+    assert [r["output_ids"] for r in batched] == plain_greedy
+    ragged = _ragged_steps(ragged_cycle_server) - before
+    assert ragged >= 10, ragged  # the batch really ran ragged steps (a lone request runs batch-wide)
+    counted = scrape(ragged_cycle_server, "dflash_ragged_request_steps_total")
+    widths = {int(re.search(r'block_size="(\d+)"', labels).group(1)) for labels, n in counted.items() if n > 0}
+    assert widths == set(PATTERN), counted  # speculation off next to the full block, in the same steps
+    # drafts were accepted inside the ragged steps (committing one token a request would pass trivially)
+    assert max(r["meta_info"]["spec_accept_length"] for r in batched) > 1.5
+
+
+def test_a_sampled_batch_verifies_one_width(ragged_cycle_server, prompt_ids):
+    """Ragged steps are greedy only (their accept is an argmax per row): a batch at temperature 1 runs batch-wide
+    steps, never a ragged one."""
+    before = _ragged_steps(ragged_cycle_server)
+    out = ragged_cycle_server.generate(prompt_ids, max_new_tokens=16, temperature=1.0)
+    assert all(len(r["output_ids"]) == 16 for r in out)
+    assert _ragged_steps(ragged_cycle_server) == before
+
+
+def test_requests_leaving_a_ragged_batch_stay_exact(ragged_cycle_server, plain_server, prompt_ids):
+    """Concurrent requests of different lengths finish at different steps: the ragged batch shrinks (and its
+    KV slots are reused) while the others run on."""
+    lengths = [8 + 9 * i for i in range(len(prompt_ids))]
+
+    def run(server):
+        with ThreadPoolExecutor(len(prompt_ids)) as pool:
+            return list(pool.map(lambda a: server.generate(a[0], max_new_tokens=a[1], temperature=0)["output_ids"],
+                                 zip(prompt_ids, lengths)))
+
+    before = _ragged_steps(ragged_cycle_server)
+    assert run(ragged_cycle_server) == run(plain_server)
+    assert _ragged_steps(ragged_cycle_server) > before
