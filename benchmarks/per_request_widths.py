@@ -1,8 +1,9 @@
 """Would a verify width per request beat one width per batch? An upper bound from true acceptance curves.
 
-dflash_adaptive verifies one width b for the whole batch (SGLang's TARGET_VERIFY takes one draft_token_num per
-batch). A ragged verify -- b_r per request -- lets a request the drafter cannot guess verify 1 while the others
-verify 16. This estimates what that could gain, before building it:
+dflash_adaptive verifies one width b for the whole batch unless ``per_request_widths`` is on; a ragged verify -- b_r
+per request -- lets a request the drafter cannot guess verify 1 while the others verify 16. This estimated what that
+could gain, before it was built (the controller's own assignment is sglang_ext/controller/ragged.py, priced on the
+cost row at the mean width rather than on this fitted line):
 
   * batches of ``bs`` requests drawn from a traffic mix of the simulator's acceptance families (harness/workload.py:
     true per-request curves, E_r(b) = 1 + sum_{j<b} prod_{i<=j} p_ri);

@@ -74,6 +74,10 @@ CONFIGS = {
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
+    # per-request widths: every step of 2+ requests ragged, alternate requests at 16 and 1 (mean width 8.5)
+    "adaptive-ragged": {"speculative": {"algorithm": "dflash_adaptive",
+                                        "adaptive": {"mode": "cycle", "candidates": [1, 16], "cycle_pattern": [16, 1],
+                                                     "per_request_widths": True}}},
     # DDTree: every step a tree of 16 or 31 draft prefixes (verify width 17 or 32: above the drafter's block)
     "adaptive-tree16": {"speculative": {"algorithm": "dflash_adaptive",
                                         "adaptive": {"mode": "fixed", "candidates": [16, 17], "fixed_block": 17}}},
@@ -85,7 +89,8 @@ FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
 for _w in (4, 8):
     CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
 ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
-ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree16", "adaptive-tree31")
+ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree16", "adaptive-tree31",
+             "adaptive-ragged")
 
 
 BEFORE = "@before"

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 Snapshot = dict[str, list[tuple[dict[str, str], float]]]
 
 BLOCK_STEPS = "dflash_block_size_steps_total"   # the adaptive worker's counter, labelled by block_size
+RAGGED_STEPS = "dflash_ragged_steps_total"   # its steps that verified a width per request (not in BLOCK_STEPS)
 
 
 def parse(text: str) -> Snapshot:
@@ -68,7 +69,8 @@ def point_deltas(before: Snapshot | None, after: Snapshot | None) -> dict:
     accept_length: generated tokens per verify step (accepted drafts + the bonus token), from the
     `sglang:generation_tokens_total` and `sglang:spec_verify_calls_total` counters -- the window's mean, unlike
     the `sglang:spec_accept_length` gauge, which is the last logging interval's. block_size_shares: fraction of
-    verify steps at each block size, only when the server exports `dflash_block_size_steps_total`.
+    verify steps at each block size (and "ragged": the steps that verified a width per request), only when the
+    server exports `dflash_block_size_steps_total`.
     """
     if after is None:
         return {"metrics": False}
@@ -98,6 +100,9 @@ def block_size_shares(before: Snapshot | None, after: Snapshot | None) -> dict[s
         steps[labels.get("block_size", "?")] = steps.get(labels.get("block_size", "?"), 0.0) + v
     for labels, v in (before or {}).get(BLOCK_STEPS, []):
         steps[labels.get("block_size", "?")] = steps.get(labels.get("block_size", "?"), 0.0) - v
+    ragged = _delta(before, after, RAGGED_STEPS)
+    if ragged:
+        steps["ragged"] = ragged
     n = sum(steps.values())
     if n <= 0:
         return None

@@ -18,8 +18,10 @@ def test_shipped_configurations_validate_with_absolute_paths():
     assert base == (DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml").resolve()
     assert overrides["dflash-b4"] == {"speculative": {"algorithm": "dflash", "block_size": 4}}
     assert baseline == "no-spec"
-    assert list(configs) == ["no-spec", "dflash-b4", "dflash-b8", "dflash-b16", "dflash-adaptive"]
+    assert list(configs) == ["no-spec", "dflash-b4", "dflash-b8", "dflash-b16", "dflash-adaptive",
+                             "dflash-adaptive-one-width"]
     assert overrides["dflash-adaptive"] == {"speculative": {"algorithm": "dflash_adaptive", "block_size": None}}
+    assert configs["dflash-adaptive-one-width"]["speculative"]["adaptive"]["per_request_widths"] is False
     assert configs["no-spec"]["speculative"]["algorithm"] == "none"
     assert [configs[f"dflash-b{b}"]["speculative"]["block_size"] for b in (4, 8, 16)] == [4, 8, 16]
     for cfg in configs.values():     # written to another directory by ManagedServer: paths must not be relative
@@ -128,6 +130,10 @@ def test_metric_deltas_acceptance_and_block_size_shares():
     d = server_metrics.point_deltas(server_metrics.parse(METRICS_BEFORE), server_metrics.parse(METRICS_AFTER))
     assert d["generation_tokens"] == 300 and d["spec_verify_calls"] == 100 and d["accept_length"] == 3.0
     assert d["block_size_shares"] == {"4": 0.75, "16": 0.25}       # numeric order
+    ragged = METRICS_AFTER + "# TYPE dflash_ragged_steps_total counter\ndflash_ragged_steps_total 20\n"
+    d = server_metrics.point_deltas(server_metrics.parse(METRICS_BEFORE), server_metrics.parse(ragged))
+    assert d["block_size_shares"] == pytest.approx({"4": 75 / 120, "16": 25 / 120, "ragged": 20 / 120})
+    assert list(d["block_size_shares"]) == ["4", "16", "ragged"]  # per-request widths' steps: a share of their own
 
 
 def test_metric_deltas_tolerate_a_server_without_spec_or_block_metrics():
