@@ -17,8 +17,10 @@ widths lies above the row. ``assign(E, widths, points, floor, start)`` -> (picks
 ``widths`` (any candidate: the price depends on the mean only) maximising sum_r E_r(b_r) / ragged_cost among the
 batch's efficient assignments: from every request at the narrowest width, widen one request one step at a time in
 order of tokens gained per row added (E_r is concave in b: each deeper position is accepted less often), so each
-prefix of that order is the most tokens for its rows; every prefix is priced and the best kept. ``picks`` indexes
-``widths``.
+prefix of that order is the most tokens for its rows; every prefix is priced and the best kept. Where the price
+is flat (below the narrowest measured width, or at width 1's floor) the best assignment can lie between two
+prefixes: the answer is then within 3 % of the brute-force best on a fully measured row, 7 % with two measured
+widths (tests/unit/controller/test_ragged.py; 0.996 of it on average). ``picks`` indexes ``widths``.
 Invariants: pure numpy (no torch, no SGLang), deterministic (a stable sort: ties go to the earlier request and
 its narrower step), so every TP rank assigns the same widths from the same inputs; the goodput returned is that
 of the picks at their price.
