@@ -717,3 +717,25 @@ def test_cycle_mode_gives_every_request_a_shifted_pattern_entry():
         d = ctrl.decide(ids, ragged=True)
         assert d.widths == tuple(pattern[(step + i) % 3] for i in range(4)), (step, d)
     assert ctrl.decide(["a"], ragged=True).widths is None  # one request: batch-wide
+
+
+def test_an_exploration_is_never_replaced_by_a_ragged_step():
+    """A step that tries an unmeasured width (``_explore``) runs that width batch-wide: its measurement is what
+    ragged steps are priced from (ragged.py prices from measured cells only)."""
+    ctrl = BlockSizeController(ControllerConfig(explore_margin=0.9, probe_interval=0, min_dwell_steps=1),
+                               flat_cost(RAGGED_COST, measured=False))
+    for _ in range(20):
+        feed(ctrl, ["a", "b", "c", "d"], np.array([15, 15, 0, 0]), 16)
+    for b in (2, 16):  # measured at this load; widths 4 and 8 are not (exploration tries them)
+        for _ in range(8):
+            ctrl.observe_step_time(4, b, RAGGED_COST[b])
+    ctrl.sync_cost_table()
+    seen = {"explored": 0, "ragged": 0}
+    for _ in range(200):
+        before = ctrl.explorations
+        d = ctrl.decide(["a", "b", "c", "d"], ragged=True)
+        if ctrl.explorations > before:
+            seen["explored"] += 1
+            assert d.widths is None, d
+        seen["ragged"] += d.widths is not None
+    assert seen["explored"] > 0 and seen["ragged"] > 0, seen
