@@ -54,13 +54,13 @@ batch-size bucket changes), so noise does not make it flap.
     one probe per 32 steps the switching test (tests/integration/test_adaptive.py) started the first code request
     at b = 4 and spent 29 of its 41 steps at b = 1. Without ``prefix_drafts`` b > 1 always drafts the full block.
 
-  * per-request widths: when the worker can run a ragged step for this batch (``decide(..., ragged=True)``) and
-    ``per_request_widths`` is not false, each request may get its own width (``Decision.widths``) if that is
+  * per-request widths (off by default): when the worker can run a ragged step for this batch (``decide(...,
+    ragged=True)``) and ``per_request_widths`` is set, each request may get its own width (``Decision.widths``) if that is
     predicted to beat the batch-wide choice by more than ``hysteresis`` (ragged.py: priced at the mean width from
     measured cells only). The batch-wide state -- current width, dwell, probes -- runs on underneath: a ragged step
     is an overlay on this step, and a probe due this step runs batch-wide instead. Why: requests the drafter
-    cannot guess verify as wide as the rest otherwise; two interleaved code sweeps read 1.05-1.13x one width per
-    batch at 16-50 users (README "Per-request widths").
+    cannot guess verify as wide as the rest otherwise. Measured side by side it is mixed: 1.03-1.13x one width per
+    batch at 16-50 users in two runs, 0.92-0.96x at 4-8 users in two others (README "Per-request widths").
 
 Tensor-parallel determinism (critical). Every TP rank runs its own controller; if two ranks pick different b the
 collectives of the verify forward hang. So a decision depends ONLY on inputs that are identical on every rank:

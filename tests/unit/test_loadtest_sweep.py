@@ -19,9 +19,9 @@ def test_shipped_configurations_validate_with_absolute_paths():
     assert overrides["dflash-b4"] == {"speculative": {"algorithm": "dflash", "block_size": 4}}
     assert baseline == "no-spec"
     assert list(configs) == ["no-spec", "dflash-b4", "dflash-b8", "dflash-b16", "dflash-adaptive",
-                             "dflash-adaptive-one-width"]
+                             "dflash-adaptive-ragged"]
     assert overrides["dflash-adaptive"] == {"speculative": {"algorithm": "dflash_adaptive", "block_size": None}}
-    assert configs["dflash-adaptive-one-width"]["speculative"]["adaptive"]["per_request_widths"] is False
+    assert configs["dflash-adaptive-ragged"]["speculative"]["adaptive"]["per_request_widths"] is True
     assert configs["no-spec"]["speculative"]["algorithm"] == "none"
     assert [configs[f"dflash-b{b}"]["speculative"]["block_size"] for b in (4, 8, 16)] == [4, 8, 16]
     for cfg in configs.values():     # written to another directory by ManagedServer: paths must not be relative

@@ -674,7 +674,7 @@ def mixed_controller(**cfg) -> BlockSizeController:
 
 
 def test_per_request_widths_verify_each_request_at_its_own_width():
-    ctrl = mixed_controller()  # the default (unset): wherever the worker can run a ragged step
+    ctrl = mixed_controller(per_request_widths=True)
     d = ctrl.decide(["a", "b", "c", "d"], ragged=True)
     assert d.widths is not None and d.widths[2:] == (1, 1) and min(d.widths[:2]) >= 8, d
     assert d.block_size == max(d.widths) and not d.draft_full and not d.probe
@@ -685,7 +685,7 @@ def test_per_request_widths_verify_each_request_at_its_own_width():
 
 
 def test_no_ragged_step_unless_enabled_and_servable_or_alike():
-    assert mixed_controller(per_request_widths=False).decide(["a", "b", "c", "d"], ragged=True).widths is None
+    assert mixed_controller().decide(["a", "b", "c", "d"], ragged=True).widths is None  # off by default
     assert mixed_controller(per_request_widths=True).decide(["a", "b", "c", "d"]).widths is None  # worker cannot
     ctrl = BlockSizeController(ControllerConfig(explore_margin=0.0, probe_interval=0, per_request_widths=True),
                                flat_cost(RAGGED_COST))
@@ -722,8 +722,8 @@ def test_cycle_mode_gives_every_request_a_shifted_pattern_entry():
 def test_an_exploration_is_never_replaced_by_a_ragged_step():
     """A step that tries an unmeasured width (``_explore``) runs that width batch-wide: its measurement is what
     ragged steps are priced from (ragged.py prices from measured cells only)."""
-    ctrl = BlockSizeController(ControllerConfig(explore_margin=0.9, probe_interval=0, min_dwell_steps=1),
-                               flat_cost(RAGGED_COST, measured=False))
+    ctrl = BlockSizeController(ControllerConfig(explore_margin=0.9, probe_interval=0, min_dwell_steps=1,
+                                                per_request_widths=True), flat_cost(RAGGED_COST, measured=False))
     for _ in range(20):
         feed(ctrl, ["a", "b", "c", "d"], np.array([15, 15, 0, 0]), 16)
     for b in (2, 16):  # measured at this load; widths 4 and 8 are not (exploration tries them)
