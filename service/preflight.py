@@ -130,10 +130,10 @@ def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
                f"{device}" if device != "cpu" else f"needs tensor parallel size 1, not {tp_size}")
         raise ConfigError(f"speculative.adaptive.candidates: widths {list(trees)} are above the drafter's block "
                           f"{draft_block}, so they verify a DDTree, which {why}; use widths up to {draft_block}")
-    if settings.controller.per_request_widths is True and device != "cpu":
+    if settings.controller.per_request_widths and device != "cpu":
         raise ConfigError(f"speculative.adaptive.per_request_widths: runs on CPU only in this release (the ragged "
                           f"verify reads the CPU attention's layout; GPU verify graphs are per width), not device "
-                          f"{device}; set it false or leave it unset (auto: on where it runs)")
+                          f"{device}; set it false")
     if settings.cost_profile is not None:
         path = settings.cost_profile
         if not Path(path).is_file():

@@ -151,7 +151,7 @@ class ControllerLoop:
             return
         try:
             d = step.decision
-            if d.widths is not None:  # a ragged step is no width's cost (its price is the table's line)
+            if d.widths is not None:  # a ragged step is no width's cost (it is priced from the widths' cells)
                 if self.metrics is not None:
                     self.metrics.record_ragged_step_time(seconds)
                 return

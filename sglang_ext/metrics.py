@@ -219,8 +219,6 @@ class DFlashMetrics:
         b, c = int(block_size), self._counted
         n = int(accepted.shape[0])
         c.verify += n
-        if widths is None:
-            c.by_width[b] += 1
         if widths is not None:
             w = np.asarray(widths, dtype=np.int64)
             c.ragged += 1
@@ -233,6 +231,7 @@ class DFlashMetrics:
             c.accepted_at[: b - 1] += (accepted[:, None] >= j).sum(axis=0)
             c.committed[1: b + 1] += np.bincount(accepted, minlength=b)[:b]
         elif b > 1:
+            c.by_width[b] += 1
             c.draft += n * (b - 1)
             c.accepted += int(accepted.sum())
             top = min(b, self.max_block)  # a tree's path is at most B - 1 deep: its depths are the positions
@@ -243,6 +242,7 @@ class DFlashMetrics:
             c.accepted_at[: top - 1] += at_least[1:top]
             c.committed[1: top + 1] += counts[:top]
         else:
+            c.by_width[b] += 1
             c.committed[1] += n  # a width-1 step commits one token per request
         if probe:
             c.probes[b] += 1

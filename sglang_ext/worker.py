@@ -151,9 +151,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.{e}") from None
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
         self._trees = self._checked_trees(settings, int(group.world_size))
-        if settings.controller.per_request_widths is True and torch.device(self.device).type != "cpu":
+        self._ragged = settings.controller.per_request_widths  # checked per step only when on (_ragged_serves)
+        if self._ragged and torch.device(self.device).type != "cpu":
             raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.per_request_widths runs on CPU only in this "
-                             "release (GPU verify graphs are per width): set it false or leave it unset")
+                             "release (GPU verify graphs are per width): set it false")
         self._deferred: list[DeferredAppend] = []
         self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
@@ -270,7 +271,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
         decision = self.loop.begin_decode(rids, now, trees=self._trees and self._tree_serves(batch),
-                                          sampled=_sampled(batch), ragged=self._ragged_serves(batch))
+                                          sampled=_sampled(batch), ragged=self._ragged and self._ragged_serves(batch))
         self._verify_runtimes.activate(decision.block_size)
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 

@@ -88,8 +88,7 @@ class ControllerConfig:
     per_request_widths: let a step verify a width per request (a ragged step, policy.py) when the cost table
         predicts more than ``hysteresis`` over the batch-wide width, wherever the worker can run it (CPU, greedy
         batches with nothing applied to the logits; refused on a GPU). Off by default: side by side it read
-        0.92-0.96x one width per batch at 4-8 users in two of four runs (README "Per-request widths"). None: the
-        same as true where it runs, off elsewhere.
+        0.92-0.96x one width per batch at 4-8 users in two of four runs (README "Per-request widths").
     """
 
     mode: str = "adaptive"
@@ -112,7 +111,7 @@ class ControllerConfig:
     objective: str = "steady"
     explore_margin: float = 0.1
     explore_stale_measurements: int = 4096
-    per_request_widths: bool | None = False
+    per_request_widths: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers before validating so the stored record is hashable and canonical.
@@ -138,8 +137,8 @@ class ControllerConfig:
                 _fail("candidates", f"every block size must be an int >= 1, got {c!r}")
             if any(b2 <= b1 for b1, b2 in zip(c, c[1:])):
                 _fail("candidates", f"must be strictly increasing, got {c!r}")
-        if self.per_request_widths is not None and not isinstance(self.per_request_widths, bool):
-            _fail("per_request_widths", f"must be true, false or unset (auto), got {self.per_request_widths!r}")
+        if not isinstance(self.per_request_widths, bool):
+            _fail("per_request_widths", f"must be true or false, got {self.per_request_widths!r}")
         if not (_is_real(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
             _fail("hysteresis", f"must be a number in [0, 1), got {self.hysteresis!r}")
         if not (_is_int(self.min_dwell_steps) and self.min_dwell_steps >= 0):

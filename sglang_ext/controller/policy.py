@@ -388,7 +388,7 @@ class BlockSizeController:
         ragged_step = None
         if ragged and cfg.per_request_widths and cfg.mode == "cycle" and bs > 1:  # a test mode: only when asked
             ragged_step = self._ragged_cycle(E, bs)
-        elif (ragged and cfg.per_request_widths is not False and cfg.mode == "adaptive" and bs > 1
+        elif (ragged and cfg.per_request_widths and cfg.mode == "adaptive" and bs > 1
               and b <= self.max_block and not explored):  # an exploration measures a cell ragged steps price from
             ragged_step = self._ragged(E, tokens, k, bs)
         if ragged_step is not None:
