@@ -67,7 +67,8 @@ class Metrics(Protocol):
     def flush(self) -> None: ...
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
-                     table: np.ndarray, tree_gain: np.ndarray | None = None) -> None: ...
+                     table: np.ndarray, tree_gain: np.ndarray | None = None,
+                     calibration: np.ndarray | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ class ControllerLoop:
         self._published = time.monotonic()
         cost = self.controller.cost_model
         self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
-                                  cost.block_sizes, cost.table, self.controller.tree_gain.extra())
+                                  cost.block_sizes, cost.table, self.controller.tree_gain.extra(),
+                                  self.controller.calibration_ratios())
 
     def request_finished(self, rid: str) -> None:
         if self.metrics is not None:

@@ -67,6 +67,11 @@ Gauges:
                                           prefixes commits past chain B's (negative: the tree's budget misses the
                                           chain's deep end); a tree is chosen when chain B's tokens plus this, over
                                           its step cost, beat every other width.
+  dflash_width_calibration{block_size,sampling}
+                                          what a width's own steps accepted over what the acceptance curve predicted
+                                          for them (controller/calibration.py; sampling = greedy | sampled): the
+                                          controller scales the width's expected draft tokens by it. Far from 1:
+                                          a drafter whose proposals depend on how many positions it drafts.
 Histograms:
   dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
                                           (draft + verify + draft-KV append + SGLang's result processing);
@@ -90,6 +95,7 @@ import numpy as np
 # cache-cold; width-1 steps' ~8 writes cost ~95 us in a CPU server at 1 request). The width gauge is still set at once.
 FLUSH_STEPS = 16
 RAGGED = "ragged"  # dflash_step_seconds' block_size label of ragged steps
+SAMPLING_CLASSES = ("greedy", "sampled")  # dflash_width_calibration's sampling label, the controller's PRIOR_CLASSES
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
 
 
@@ -115,8 +121,10 @@ class _Counted:
 class DFlashMetrics:
     """The worker's metric families, children pre-resolved so a step costs a few dict-free increments."""
 
-    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None) -> None:
-        """``candidates``: the verify widths in use (above ``max_block``: trees of width - 1 prefixes)."""
+    def __init__(self, model_name: str, max_block: int, candidates: Sequence[int], registry=None,
+                 calibrated: Sequence[int] = ()) -> None:
+        """``candidates``: the verify widths in use (above ``max_block``: trees of width - 1 prefixes);
+        ``calibrated``: the widths the controller calibrates (its ``calibration[0].widths``)."""
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
@@ -162,6 +170,11 @@ class DFlashMetrics:
         gain = gauge("dflash_tree_expected_extra_tokens",
                      "Controller's learned tokens per request-step a tree commits past chain B's", ["budget"])
         self.tree_gain = [gain.labels(budget=str(n), **labels) for n in budgets]
+        calibration = gauge("dflash_width_calibration",
+                            "Accepted drafts a width's own steps got over the acceptance curve's prediction",
+                            ["block_size", "sampling"])
+        self.calibration = [[calibration.labels(block_size=str(b), sampling=s, **labels)
+                             for b in calibrated] for s in SAMPLING_CLASSES]
         self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
         self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
                              "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
@@ -268,13 +281,17 @@ class DFlashMetrics:
         self._counted.step_times.setdefault(RAGGED, []).append(float(seconds))
 
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
-                     table: np.ndarray, tree_gain: np.ndarray | None = None) -> None:
-        """The controller's model: global p_j, the active cost table and the trees' learned gain (after every
-        cost-table sync)."""
+                     table: np.ndarray, tree_gain: np.ndarray | None = None,
+                     calibration: np.ndarray | None = None) -> None:
+        """The controller's model: global p_j, the active cost table, the trees' learned gain and the widths'
+        calibration [sampling classes, widths 2..B] (after every cost-table sync)."""
         for g, v in zip(self.p, acceptance):
             g.set(float(v))
         for g, v in zip(self.tree_gain, () if tree_gain is None else tree_gain):
             g.set(float(v))
+        for gauges, row in zip(self.calibration, () if calibration is None else calibration):
+            for g, v in zip(gauges, row):
+                g.set(float(v))
         for i, bb in enumerate(batch_buckets):
             for k, b in enumerate(block_sizes):
                 v = float(table[i, k])

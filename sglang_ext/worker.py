@@ -55,7 +55,7 @@ from sglang.srt.runtime_context import get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from sglang_ext import names, verify_rows
-from sglang_ext.controller.policy import Decision
+from sglang_ext.controller.policy import Decision, calibrated_widths
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.cpu.attention import RaggedBlock
 from sglang_ext.patches.cpu_layer import RAGGED_ATTR
@@ -131,14 +131,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         settings = AdaptiveSettings.from_env()  # built and validated by the launcher; read once, here
         parallel = upstream.get_parallel()
         rank, group = int(parallel.tp_rank), parallel.tp_group
+        # see the module docstring, step 2
+        self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
         metrics = None
         if getattr(server_args, "enable_metrics", False) and rank == 0:
             from sglang_ext.metrics import DFlashMetrics
 
             cands = settings.controller.candidates_for(self.max_block)
-            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands)
-        # see the module docstring, step 2
-        self._prefix_drafts = torch.device(self.device).type == "cpu" and os.environ.get(names.FULL_DRAFTS) != "1"
+            metrics = DFlashMetrics(server_args.served_model_name or server_args.model_path, self.max_block, cands,
+                                    calibrated=calibrated_widths(cands, self.max_block, self._prefix_drafts))
         self._compact_appends = torch.device(self.device).type == "cpu"  # see _append_committed
         self._draft_spec_info_by_width = {self.max_block: self._draft_block_spec_info}
         try:

@@ -53,6 +53,9 @@ batch-size bucket changes), so noise does not make it flap.
     positions take their neighbour's estimate, but a code drafter's conditional acceptance rises with depth; with
     one probe per 32 steps the switching test (tests/integration/test_adaptive.py) started the first code request
     at b = 4 and spent 29 of its 41 steps at b = 1. Without ``prefix_drafts`` b > 1 always drafts the full block.
+    With ``prefix_drafts`` the expected tokens of each width 1 < b < B are also calibrated by that width's own
+    (non-probe) steps, per prior class (calibration.py): a drafter that attends within its block both ways proposes
+    differently when it drafts fewer positions, and the curve learns mostly from full drafts.
 
   * per-request widths (off by default): when the worker can run a ragged step for this batch (``decide(...,
     ragged=True)``) and ``per_request_widths`` is set, each request may get its own width (``Decision.widths``) if that is
@@ -99,6 +102,7 @@ from typing import Any
 import numpy as np
 
 from .acceptance import AcceptanceStats
+from .calibration import WidthCalibration
 from .config import ControllerConfig
 from .cost_model import CostModel
 from .hindsight import HindsightBuffer
@@ -125,6 +129,12 @@ PROBE_STRETCH_MAX = 4
 # Prior classes of the acceptance statistics (acceptance.py): 0 greedy requests, 1 sampled ones (``sampled`` in
 # decide / observe_step). A new request's estimate starts from its own class's global one.
 PRIOR_CLASSES = 2
+
+
+def calibrated_widths(candidates: Sequence[int], max_block: int, prefix_drafts: bool) -> tuple[int, ...]:
+    """The widths a controller calibrates (calibration.py): those drafted as a prefix, whose draft is not the full
+    one the acceptance curve mostly learns from."""
+    return tuple(int(b) for b in candidates if 2 <= b < max_block) if prefix_drafts else ()
 
 
 def _classes(sampled: Sequence[bool] | None, n: int) -> np.ndarray | None:
@@ -215,6 +225,10 @@ class BlockSizeController:
         self._chain_cands = np.minimum(self._cands, self.max_block)  # a tree's tokens start from chain B's
         self._widest_chain = max(k for k, b in enumerate(cands) if b <= self.max_block)  # config: one exists
         self.tree_gain = TreeGain(self.tree_widths, decay=cfg.global_decay)
+        cal_widths = calibrated_widths(cands, self.max_block, self.prefix_drafts)
+        self.calibration = tuple(WidthCalibration(cal_widths, decay=cfg.global_decay) for _ in range(PRIOR_CLASSES))
+        self._cal_rows = np.asarray([self._index[b] for b in cal_widths], dtype=np.intp)
+        self._cal_widths = np.asarray(cal_widths, dtype=float)  # a width commits at most its own tokens
         self.J = self.max_block - 1
         self.slots = SlotMap(initial_capacity)
         cap = self.slots.capacity
@@ -312,6 +326,10 @@ class BlockSizeController:
         E = self.stats.expected_tokens_t(slots, self._chain_cands, classes)  # [candidates, bs]
         if self._tree_rows.size:
             E[self._tree_rows] = np.maximum(1.0, E[self._tree_rows] + self.tree_gain.extra()[:, None])
+        if self._cal_rows.size:  # after the trees: a tree's gain is measured against the uncalibrated chain B
+            ratio = self.calibration_ratios()  # [classes, widths]
+            r = ratio[0][:, None] if classes is None else ratio[classes].T
+            E[self._cal_rows] = np.minimum(1.0 + (E[self._cal_rows] - 1.0) * r, self._cal_widths[:, None])
         tokens = E.sum(axis=1)
         eff = tokens
         if self.cfg.objective == "steady" and self._cur is not None and bs > 1:
@@ -325,7 +343,8 @@ class BlockSizeController:
         counts' per-step decay: the batch and its classes, the slot map, the acceptance and tree-gain counts (their
         ``version``), the active cost table and the current width. The arrays are read-only."""
         key = (tuple(request_ids), None if sampled is None else tuple(sampled), self.slots.generation,
-               self.stats.version, self.tree_gain.version, self.cost_model.version, self._cur)
+               self.stats.version, self.tree_gain.version, self._calibration_version(), self.cost_model.version,
+               self._cur)
         if key == self._gp_key and self.steps_decided - self._gp_step < GOODPUT_REUSE_STEPS:
             return self._gp_value
         good, tokens, E = self._estimate(request_ids, sampled)
@@ -333,6 +352,14 @@ class BlockSizeController:
             a.setflags(write=False)
         self._gp_key, self._gp_step, self._gp_value = key, self.steps_decided, (good, tokens, E)
         return good, tokens, E
+
+    def _calibration_version(self) -> int:
+        return sum(c.version for c in self.calibration)
+
+    def calibration_ratios(self) -> np.ndarray:
+        """[PRIOR_CLASSES, calibrated widths] observed / predicted accepted drafts (calibration.py); widths in
+        ``self.calibration[0].widths``."""
+        return np.stack([c.ratio() for c in self.calibration])
 
     def decide(self, request_ids: Sequence[Hashable], trees: bool = True,
                sampled: Sequence[bool] | None = None, ragged: bool = False) -> Decision:
@@ -577,6 +604,8 @@ class BlockSizeController:
         self._obs_key = (tuple(request_ids), None if sampled is None else tuple(sampled))
         self._obs_gen, self._obs_slots = self.slots.generation, slots
 
+        if widths is None and drafted is None and b in self.calibration[0]:  # a prefix draft (a probe drafts all)
+            self._calibrate(b, slots, acc, classes)
         self.stats.step(slots)
         if drafted is not None and self.hindsight is not None:
             self.hindsight.add_blocks(slots, drafted)
@@ -588,6 +617,16 @@ class BlockSizeController:
             s, a, t = self.hindsight.resolve(slots)
             self.stats.observe(s, a, t)
         self.steps_observed += 1
+
+    def _calibrate(self, b: int, slots: np.ndarray, acc: np.ndarray, classes: np.ndarray | None) -> None:
+        """Feed width b's calibration with this step's accepted drafts against the estimate before the step."""
+        predicted = self.stats.expected_tokens_t(slots, np.asarray([b]), classes)[0] - 1.0
+        if classes is None:
+            self.calibration[0].observe(b, acc, predicted)
+            return
+        for c in np.unique(classes):
+            m = classes == c
+            self.calibration[int(c)].observe(b, acc[m], predicted[m])
 
     def _observe_elapsed(self, request_ids: Sequence[Hashable], accepted: np.ndarray | Sequence[int],
                          committed: Sequence[Sequence[int]], sampled: Sequence[bool] | None) -> bool:

@@ -41,14 +41,19 @@ def tree_commits(path: np.ndarray, widths: Sequence[int]) -> np.ndarray:
     return np.cumprod(inside, axis=2).sum(axis=2)
 
 
+def check_decay_and_prior(decay: float, prior_strength: float) -> None:
+    """The arguments every per-width decayed estimate takes (this one and calibration.py's)."""
+    if not 0.0 < decay <= 1.0:
+        raise ValueError(f"decay: must be in (0, 1], got {decay!r}")
+    if prior_strength < 0.0:
+        raise ValueError(f"prior_strength: must be >= 0, got {prior_strength!r}")
+
+
 class TreeGain:
     """Decayed mean of the tokens per request-step each tree width commits past chain B (module contract)."""
 
     def __init__(self, widths: Sequence[int], *, decay: float = 0.99, prior_strength: float = 8.0) -> None:
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay: must be in (0, 1], got {decay!r}")
-        if prior_strength < 0.0:
-            raise ValueError(f"prior_strength: must be >= 0, got {prior_strength!r}")
+        check_decay_and_prior(decay, prior_strength)
         self.widths = tuple(int(w) for w in widths)
         self.decay = float(decay)
         self.prior_strength = float(prior_strength)

@@ -150,8 +150,8 @@ def test_dashboard_contract_is_what_the_worker_exports():
     from tests.deploy.fake_dflash import CONTRACT
 
     reg = CollectorRegistry()
-    DFlashMetrics("m", 16, (1, 2, 4, 8, 16, 32), registry=reg).record_model(
-        np.zeros(15), [1], [1], np.ones((1, 1)), np.zeros(1))
+    DFlashMetrics("m", 16, (1, 2, 4, 8, 16, 32), registry=reg, calibrated=(2, 4, 8)).record_model(
+        np.zeros(15), [1], [1], np.ones((1, 1)), np.zeros(1), np.ones((2, 3)))
     exported = {}
     for family in reg.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

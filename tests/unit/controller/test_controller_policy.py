@@ -739,3 +739,31 @@ def test_an_exploration_is_never_replaced_by_a_ragged_step():
             assert d.widths is None, d
         seen["ragged"] += d.widths is not None
     assert seen["explored"] > 0 and seen["ragged"] > 0, seen
+
+
+def test_prefix_drafted_widths_are_scored_by_what_their_own_steps_accept() -> None:
+    """Where the worker drafts only the verified positions, width 8's draft is not the first 8 positions of a full
+    one (a DFlash drafter attends within its block both ways). Full drafts that agree for 4 tokens, then width-8
+    steps that accept all 7 drafts: the calibrated estimate of width 8 follows its own steps (8 tokens, capped at
+    the width), the curve alone says ~6.7, and the choice between widths 8 and 16 turns on it. A probe at width 8
+    (a full draft) and every step of a controller without prefix drafts leave the calibration alone."""
+    ids = ["a", "b"]
+    cost = flat_cost({1: 0.010, 2: 0.011, 4: 0.012, 8: 0.0140, 16: 0.0205})
+    cfg = ControllerConfig(explore_margin=0.0, probe_interval=0, min_dwell_steps=1)
+    tokens = {}
+    for prefix in (True, False):
+        ctrl = BlockSizeController(cfg, cost, prefix_drafts=prefix)
+        for _ in range(30):
+            feed(ctrl, ids, np.array([4, 4]), 16)
+        for _ in range(30):
+            feed(ctrl, ids, np.array([J, J]), 8, full_draft=False)
+        tokens[prefix] = ctrl.goodput(ids)[1] / 2
+        assert ctrl.decide(ids).block_size == (8 if prefix else 16)
+    k8 = BLOCKS.index(8)
+    assert tokens[True][k8] == pytest.approx(8.0) and tokens[False][k8] < 7.0
+    assert tokens[True][BLOCKS.index(16)] == tokens[False][BLOCKS.index(16)]  # full drafts: the curve's own
+    ctrl = BlockSizeController(cfg, cost, prefix_drafts=True)
+    feed(ctrl, ids, np.array([J, J]), 8, full_draft=True)  # a probe at width 8
+    assert ctrl.calibration[0].steps.sum() == 0 and ctrl.calibration_ratios().tolist() == [[1.0] * 3] * 2
+    feed(ctrl, ids, np.array([J, J]), 8, full_draft=False, sampled=[True, False])
+    assert ctrl.calibration[1].steps.tolist() == [0, 0, 1] and ctrl.calibration[0].steps.tolist() == [0, 0, 1]
