@@ -72,6 +72,7 @@ Gauges:
                                           for them (controller/calibration.py; sampling = greedy | sampled): the
                                           controller scales the width's expected draft tokens by it. Far from 1:
                                           a drafter whose proposals depend on how many positions it drafts.
+                                          avg by (block_size, sampling) (dflash_width_calibration)
 Histograms:
   dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
                                           (draft + verify + draft-KV append + SGLang's result processing);
