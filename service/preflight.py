@@ -7,11 +7,13 @@ Reads only config.json files and the safetensors header; imports neither torch n
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import ConfigError, ServeConfig
+from sglang_ext import names
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -106,7 +108,7 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
     if spec.algorithm == "dflash_adaptive":
-        _check_adaptive(spec, draft_block, config.server.device.value, int(config.sglang_args.get("tp_size") or 1))
+        _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args)
     fc = _safetensors_shapes(where).get("fc.weight")
     if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
@@ -114,9 +116,33 @@ def check(config: ServeConfig) -> PreflightReport:
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
 
 
-def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
-    """The controller settings against the drafter (widths <= 4x its block; trees above it on CPU without tensor
-    parallelism), per-request widths (CPU) and the cost profile (loadable)."""
+# GPU attention backends whose verify reads a tree's mask (sglang_ext/verify_runtimes.py TREE_MASK_BACKENDS, by
+# their sglang_args.attention_backend names); unset: the worker checks the backend SGLang picked, at start-up
+TREE_ATTENTION_BACKENDS = ("flashinfer", "triton")
+
+
+def _tree_refusal(device: str, sglang_args: dict) -> str | None:
+    tp_size = int(sglang_args.get("tp_size") or 1)
+    if tp_size != 1:
+        return f"needs tensor parallel size 1, not {tp_size}"
+    if device == "cpu":
+        return None
+    if os.environ.get(names.GPU_TREES) != "1":
+        return f"has not served on a GPU yet (set {names.GPU_TREES}=1 to run it on device {device})"
+    backend = sglang_args.get("attention_backend")
+    if backend is not None and backend not in TREE_ATTENTION_BACKENDS:
+        return (f"on GPU needs an attention backend that reads the tree's mask ({' or '.join(TREE_ATTENTION_BACKENDS)}"
+                f"), not sglang_args.attention_backend {backend}")
+    page = int(sglang_args.get("page_size") or 1)
+    if page != 1:
+        return f"needs KV page size 1, not sglang_args.page_size {page}"
+    return None
+
+
+def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> None:
+    """The controller settings against the drafter (widths <= 4x its block; trees above it without tensor
+    parallelism, and on GPU with an attention backend that reads the tree's mask and page size 1), per-request
+    widths (CPU) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
     settings = spec.adaptive_settings()
@@ -125,9 +151,8 @@ def _check_adaptive(spec, draft_block: int, device: str, tp_size: int) -> None:
     except ValueError as e:
         raise ConfigError(f"speculative.adaptive.{e}") from None
     trees = settings.controller.tree_widths(draft_block)
-    if trees and (device != "cpu" or tp_size != 1):
-        why = (f"runs on CPU only in this release (its GPU attention mask and CUDA graphs are not built), not device "
-               f"{device}" if device != "cpu" else f"needs tensor parallel size 1, not {tp_size}")
+    why = _tree_refusal(device, sglang_args) if trees else None
+    if why is not None:
         raise ConfigError(f"speculative.adaptive.candidates: widths {list(trees)} are above the drafter's block "
                           f"{draft_block}, so they verify a DDTree, which {why}; use widths up to {draft_block}")
     if settings.controller.per_request_widths and device != "cpu":

@@ -11,6 +11,13 @@ width the server started with (the drafter's block B) keeps the startup backend 
 swaps the target model runner's ``attn_backend`` and ``decode_cuda_graph_runner`` (what EAGLE's adaptive
 ``apply_runtime_state`` swaps on the target side).
 
+A tree width (above B: a DDTree verify) has no graph of its own: it activates the start-up width's backend, whose
+runner refuses any other width (``can_run_graph`` compares ``num_tokens_per_req`` with the width it captured), so
+the tree verifies eagerly, reading its ancestor mask from ``DFlashVerifyInput.custom_mask``. Only the backends in
+TREE_MASK_BACKENDS read it there (``tree_verify_refusal``); the worker refuses trees on any other at start-up. Not
+built yet: a graph per tree width (capture with a custom-mask buffer, which upstream skips for DFLASH on these
+backends), so a tree step pays eager launch costs the controller measures and prices.
+
 On CPU (and with graphs disabled) one eager backend serves every width: the CPU layer's attention derives the width
 from the query rows, so there is nothing to build and activation is a no-op. Nothing in this module runs here in
 CI; tests/unit/test_gpu_contracts.py pins every upstream name and signature it calls to the installed SGLang.
@@ -58,10 +65,33 @@ class VerifyRuntimes:
     def activate(self, width: int) -> None:
         if not self._by_width or width == self._active:
             return
-        rt = self._by_width[width]
+        rt = self._by_width.get(width) or self._by_width[self._startup_width]  # a tree: eager (module docstring)
         self._mr.attn_backend = rt.attn_backend
         self._mr.decode_cuda_graph_runner = rt.graph_runner
         self._active = width
+
+
+# Target attention backends whose eager TARGET_VERIFY reads DFlashVerifyInput.custom_mask in tree/mask.py's packed
+# layout: FlashInfer (generate_attn_arg_prefill's mask into the verify prefill wrapper's plan) and Triton (extend
+# attention, mask_indptr = n * (seq_lens + n) per request). Pinned: tests/unit/test_gpu_contracts.py.
+TREE_MASK_BACKENDS = frozenset({"FlashInferAttnBackend", "TritonAttnBackend"})
+
+
+def tree_verify_refusal(model_runner: Any) -> str | None:
+    """Why this GPU target cannot verify a tree (None: it can): its verify attention backend (resolved through
+    hybrid/TBO wrappers, as upstream resolves DFLASH's mask policy) must read the custom mask, and the KV page size
+    must be 1 (the commit remaps the path's slots one by one in req_to_token)."""
+    from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
+
+    name, _ = resolve_dflash_verify_mask_policy(model_runner.attn_backend)
+    if name not in TREE_MASK_BACKENDS:
+        known = ", ".join(sorted(TREE_MASK_BACKENDS))
+        return (f"needs a target attention backend that reads a custom verify mask ({known}), not {name}: set "
+                f"sglang_args.attention_backend to flashinfer or triton")
+    page = int(getattr(model_runner, "page_size", 1) or 1)
+    if page != 1:
+        return f"needs KV page size 1, not {page}: unset sglang_args.page_size"
+    return None
 
 
 def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width: int) -> VerifyRuntimes:

@@ -16,12 +16,15 @@ Each decode step:
      stays current. At b = 1 without a draft ("speculation off") the step is a decode step: one KV slot, not the
      B-slot window, and the append is deferred -- the committed token's target features are kept and written in
      one batched pass before anything can read the draft KV (the next draft, any non-decode forward), before a
-     request leaves the batch (its slots may be handed on), or after DEFERRED_APPEND_STEPS steps. The draft KV is then exactly what per-step appends would have written, so
-     acceptance after drafting resumes is what it would have been had drafting never paused.
-  5. DDTree (a candidate width w > B, CPU): the step verifies a tree of N = w - 1 nodes instead of a chain -- one
+     request leaves the batch (its slots may be handed on), or after DEFERRED_APPEND_STEPS steps. The draft KV is
+     then exactly what per-step appends would have written, so acceptance after drafting resumes is what it would
+     have been had drafting never paused.
+  5. DDTree (a candidate width w > B): the step verifies a tree of N = w - 1 nodes instead of a chain -- one
      full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most
      likely prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
-     (the CPU attention reads it from DFlashVerifyInput.custom_mask), the target's choice at every node walked from
+     (DFlashVerifyInput.custom_mask in the layout GPU attention reads, tree/mask.py packed, which the CPU attention
+     unpacks; on GPU the tree verifies eagerly on FlashInfer or Triton, verify_runtimes.py), the target's choice
+     at every node walked from
      the root (tree/walk.py: greedy or sampled, lossless either way), then the window's req_to_token entries
      reordered so the committed path's KV sits at the committed positions (tree/commit.py: no K/V copy) and the
      path's target features appended to the draft KV; the path goes back to the controller, which learns from it
@@ -64,10 +67,10 @@ from sglang_ext.settings import AdaptiveSettings
 from sglang_ext.tree.build import build_trees
 from sglang_ext.tree.commit import window_order
 from sglang_ext.tree.marginals import top_log_probs
-from sglang_ext.tree.mask import ancestor_mask
+from sglang_ext.tree.mask import ancestor_mask, packed
 from sglang_ext.tree.mask import positions as tree_positions
 from sglang_ext.tree.walk import walk
-from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes
+from sglang_ext.verify_runtimes import VerifyRuntimes, capture_verify_runtimes, tree_verify_refusal
 
 logger = logging.getLogger(__name__)
 # width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
@@ -187,10 +190,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if not widths:
             return False
         fix = f"use candidate widths up to the drafter's block {self.max_block}"
-        if torch.device(self.device).type != "cpu":
+        if torch.device(self.device).type != "cpu" and os.environ.get(names.GPU_TREES) != "1":
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
-                             f"which runs on CPU only in this release (its GPU attention mask and CUDA graphs are "
-                             f"not built); {fix}")
+                             f"which has not served on a GPU yet (set {names.GPU_TREES}=1 to run it, as the GPU "
+                             f"suite does); {fix}")
         if tp_size != 1:
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
                              f"which needs tensor parallel size 1 (the draft marginals read the whole LM head); {fix}")
@@ -214,12 +217,19 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if self._need_mamba_verify_commit:
             raise ValueError("DFLASH_ADAPTIVE does not support hybrid (mamba) targets: serve this pair with "
                              "speculative.algorithm: dflash")
+        if self._trees and upstream.is_cuda():  # the target's backends exist now (the scheduler built them first)
+            why = tree_verify_refusal(self.model_runner)
+            if why is not None:
+                trees = [b for b in self.loop.candidates if b > self.max_block]
+                raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {trees} verify a tree, "
+                                 f"which {why}; use candidate widths up to the drafter's block {self.max_block}")
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()  # the draft graphs (full block) and upstream's start-up state
         if upstream.is_cuda():
-            self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.loop.candidates),
-                                                            self.max_block)
+            # chain widths only: a graph captured for a tree's width would replay the chain's causal attention
+            # (upstream captures DFLASH verify without a custom mask on FlashInfer/Triton); trees run eager
+            self._verify_runtimes = capture_verify_runtimes(self.model_runner, self._chain_widths(), self.max_block)
             pool = self.model_runner.token_to_kv_pool
             if self._verify_runtimes.extra_widths and not getattr(pool, "post_capture_active", False):
                 logger.warning(
@@ -235,10 +245,14 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             # chain-verify buffers are keyed by (device index, width): size every width before anything borrows
             # graph memory, on the indexed device the verify's logits live on ("cuda" has index None: never read)
             device = torch.device("cuda", torch.cuda.current_device())
-            for b in self.loop.candidates:
+            for b in self._chain_widths():  # a tree's accept is the walk's, not the chain kernel's
                 upstream._get_or_create_chain_verify_buffers(bs=self._prewarm_batch_size(b), draft_token_num=b,
                                                              device=device)
         return result
+
+    def _chain_widths(self) -> list[int]:
+        """The candidate widths that verify a chain (the rest, above the block, verify a tree)."""
+        return [b for b in self.loop.candidates if b <= self.max_block]
 
     # -- upstream buffers, made width-aware ----------------------------------------------------------------------
     def _ensure_accept_bonus_buffers(self, bs: int) -> None:
@@ -382,8 +396,12 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         cand = torch.cat([draft_input.bonus_tokens.view(bs, 1).to(torch.int64), trees.token], dim=1)  # [bs, n]
         positions = tree_positions(window.prefix_lens, trees.depth).reshape(-1)
         mask = ancestor_mask(trees.parent)
+        # the layout GPU attention reads, on every device (the CPU attention unpacks it); sized from the host's
+        # bound of the KV lengths the verify runs with (no device sync), less the window
+        prefix_sum = self._host_kv_bound(batch, draft_input, bs, n)[1] - bs * n
         target_out, target_predict = self._verify_forward(batch, draft_input, window, cand, positions, bs,
-                                                          grammar_barrier, tree_mask=mask)
+                                                          grammar_barrier,
+                                                          tree_mask=packed(mask, window.prefix_lens, prefix_sum))
         logits_output = target_out.logits_output
         choice = self._tree_choice(logits_output.next_token_logits, target_predict, batch.sampling_info, cand,
                                    draft_input, bs)
@@ -612,8 +630,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                          else None if window.cache_loc.shape[1] == width else slice(0, width))
         with torch.inference_mode(), upstream.draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
-        if self._draft_sampler is not None and out.can_run_graph:  # greedy head folded into the draft graph
-            return self._draft_sampler.out[: bs * (width - 1)].view(bs, width - 1)
+        if self._draft_sampler is not None and out.can_run_graph and not marginals_k:
+            return self._draft_sampler.out[: bs * (width - 1)].view(bs, width - 1)  # the greedy head, in the graph
+        # (a tree step's marginals read the hidden states: the draft graph outputs them, its head is folded after)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH draft model returned no hidden states.")
@@ -648,7 +667,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         """The target's verify forward of [bs, n] candidates written to the first n slots of the window, at
         ``positions``, then the logit adjustments every accept applies (custom logit processors, grammar) ->
         (target_out, target_predict: its argmax when upstream skipped the full logits, else None). ``tree_mask``
-        ([bs, n, n] ancestor mask): a tree verify (the grammar is a chain's; tree steps never have one).
+        (the ancestor mask, tree/mask.py packed): a tree verify (the grammar is a chain's; tree steps never have
+        one).
         ``ragged`` (``cols``: its rows in the window): the packed rows of ``cand`` only, at packed ``positions``
         (``_decode_ragged``: greedy, nothing applied to the logits)."""
         n = int(cand.shape[1])
@@ -755,7 +775,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         anchor's row -- its argmax, or a sample of the distribution plain decoding samples (SGLang's own sampling
         function; a softmax alone when no top-k/top-p/min_p applies, as in SGLang's sampler). Upstream's chain accept
         would reach the same distribution through a sort of the vocabulary and the chain kernel: 1.5 ms of an
-        11 ms step on CPU at temperature 1 (benchmarks/results/step_profile_cpu.md). Returns upstream's (accept_len, commit_lens, bonus, out_tokens, None)."""
+        11 ms step on CPU at temperature 1 (benchmarks/results/step_profile_cpu.md). Returns upstream's
+        (accept_len, commit_lens, bonus, out_tokens, None)."""
         if logits is not None and sampling_info is not None:  # penalties and logit_bias, as every accept
             verify_rows.apply_accept_adjustments(logits.view(bs, 1, -1), cand, sampling_info,
                                                  getattr(sampling_info, ORCHESTRATOR, None))

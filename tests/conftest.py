@@ -1,6 +1,10 @@
-"""Shared fixtures: the tiny model pair and real `dflash-serve serve` processes on CPU."""
+"""Shared fixtures: the tiny model pair and real `dflash-serve serve` processes on CPU; child-process probes."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,21 @@ import yaml
 from harness.server import ManagedServer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def child_result(*args: str, cpu_layer: bool = True, **env: str):
+    """Run ``python *args`` from the repository root and return the JSON its ``RESULT{json}`` stdout line carries.
+    Why a child: SGLang imports on CPU only through the CPU layer's start-up stubs (``cpu_layer``: DFLASH_SERVE_CPU=1
+    at interpreter start; False: neither it nor SGLANG_USE_CPU_ENGINE), and some variables (TRITON_INTERPRET) must be
+    set before the first import. ``env``: more of the child's environment."""
+    child_env = {k: v for k, v in os.environ.items() if k not in ("DFLASH_SERVE_CPU", "SGLANG_USE_CPU_ENGINE")}
+    child_env.update(env)
+    if cpu_layer:
+        child_env["DFLASH_SERVE_CPU"] = "1"
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=child_env, cwd=REPO, timeout=300)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line, f"probe failed:\n{r.stderr[-3000:]}"
+    return json.loads(line[len("RESULT"):])
 
 
 BUNDLED = REPO / "models" / "tiny-code"

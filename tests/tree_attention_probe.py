@@ -6,8 +6,9 @@ process: tests/unit/test_tree_packed_mask.py) and the GPU test (the compiled ker
     python -m tests.tree_attention_probe SEED [--device cuda] [--dtype bfloat16] [--heads 32 8] [--head-dim 128]
         [--nodes 15] [--prefix 5 0 17 9]
 
-prints one line ``RESULT{json}``: the packed size against upstream's, the largest error of the kernel and of the
-CPU path against the definition (in the run's dtype), the kernel's error when handed a chain's causal mask instead
+prints one line ``RESULT{json}``: the packed size against upstream's, the largest error of the kernel (called with
+is_causal off and on, as the Triton backend calls it) and of the CPU path (the mask packed and unpacked, as served)
+against the definition (in the run's dtype), the kernel's error when handed a chain's causal mask instead
 (large: the kernel reads the mask), and whether every request's tree branches.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import torch
 
 from sglang_ext.cpu.attention import attend, make_plan
-from sglang_ext.tree.mask import ancestor_mask, packed
+from sglang_ext.tree.mask import ancestor_mask, packed, unpacked
 
 
 def probe(seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32, heads: tuple[int, int] = (4, 2),
@@ -56,8 +57,10 @@ def probe(seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32, he
             vv = v_cache[keys][seen].repeat_interleave(hq // hkv, 1)
             w = torch.softmax(torch.einsum("hd,khd->hk", q[i * m + t], kk) * scale, dim=-1)
             ref[i * m + t] = torch.einsum("hk,khd->hd", w, vv)
-    # the CPU path, in the run's dtype: the tree's K/V already in the cache, the [bs, m, m] mask
-    cpu = attend(make_plan(req_to_token, torch.arange(bs), prefix_t, m, causal=False, tree=tree), q.to(dtype),
+    # the CPU path, in the run's dtype: the tree's K/V already in the cache, the mask as the CPU attention gets it
+    # in serving (the worker packs it, cpu_layer unpacks it)
+    served = unpacked(packed(tree, prefix_t, int(prefix_t.sum())), prefix_t, m)
+    cpu = attend(make_plan(req_to_token, torch.arange(bs), prefix_t, m, causal=True, tree=served), q.to(dtype),
                  k_cache.to(dtype), v_cache.to(dtype), scale)
     dev = torch.device(device)
     q, k_cache, v_cache = (x.to(dev, dtype) for x in (q, k_cache, v_cache))
@@ -65,7 +68,7 @@ def probe(seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32, he
     ext = torch.cat([req_to_token[i, int(prefix_t[i]): int(prefix_t[i]) + m] for i in range(bs)]).long()
     zero = torch.zeros(1, dtype=torch.int64)
 
-    def triton(mask: torch.Tensor) -> torch.Tensor:
+    def triton(mask: torch.Tensor, causal: bool = False) -> torch.Tensor:
         # upstream's kernel as the Triton backend calls it for a verify: the prefix from the pool, the tree's own
         # K/V as the extend part, the packed mask and its per-request offsets
         o = torch.empty_like(q)
@@ -74,7 +77,7 @@ def probe(seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32, he
             (torch.arange(bs + 1) * m).to(dev, torch.int32),
             torch.cat([zero, torch.cumsum(prefix_t, 0)]).to(dev, torch.int32),
             torch.cat([req_to_token[i, : int(prefix_t[i])] for i in range(bs)]).long(),
-            packed(mask, prefix_d, int(prefix_t.sum())), False,
+            packed(mask, prefix_d, int(prefix_t.sum())), causal,
             torch.cat([zero, torch.cumsum((prefix_t + m) * m, 0)]).to(dev), m, 1.0, 1.0, sm_scale=scale)
         return o.float().cpu()
 
@@ -84,6 +87,9 @@ def probe(seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32, he
         "size": packed(tree_d, prefix_d, int(prefix_t.sum())).numel(),
         "expected_size": int(prefix_t.sum()) * m + bs * m * m,
         "triton_vs_ref": float((triton(tree_d) - ref).abs().max()),
+        # as the Triton backend calls it in a verify (a decoder layer is causal): the mask still rules, and a tree's
+        # ancestors precede their nodes
+        "triton_causal_vs_ref": float((triton(tree_d, causal=True) - ref).abs().max()),
         "cpu_vs_ref": float((cpu.float() - ref).abs().max()),
         "causal_mask_vs_ref": float((triton(causal.expand(bs, m, m).to(dev)) - ref).abs().max()),
         "branching": bool((tree != causal).any(dim=(1, 2)).all())}

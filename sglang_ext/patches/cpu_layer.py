@@ -166,11 +166,14 @@ def _torch_native_block_attention() -> None:
     adaptive worker's DDTree step) replaces causal with its ancestor mask; a ragged step (the
     adaptive worker's per-request widths) sets RAGGED_ATTR on the forward's spec info."""
 
-    def tree_mask(fb):
-        """A tree verify's ancestor mask: DFlashVerifyInput.custom_mask ("True means the (q, k) pair is allowed"),
-        which the adaptive worker's tree step sets as [bs, n, n] over the verified block (worker.py)."""
+    def tree_mask(fb, block: int):
+        """A tree verify's ancestor mask over the verified block, [bs, block, block]: DFlashVerifyInput.custom_mask
+        ("True means the (q, k) pair is allowed"), which the adaptive worker's tree step sets in the layout GPU
+        attention reads (tree/mask.py packed; upstream's own chain verify leaves it None)."""
+        from sglang_ext.tree.mask import unpacked
+
         mask = getattr(fb.spec_info, "custom_mask", None) if fb.forward_mode.is_target_verify() else None
-        return mask if mask is not None and mask.dim() == 3 else None
+        return None if mask is None else unpacked(mask, fb.seq_lens, block)
 
     def patch(tnb: ModuleType) -> None:
         cls = tnb.TorchNativeAttnBackend
@@ -201,7 +204,7 @@ def _torch_native_block_attention() -> None:
                 prefix_lens = fb.seq_lens if fb.forward_mode.is_target_verify() else fb.seq_lens - 1
                 plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
                                               block, causal=causal, sliding_window=window,
-                                              tree=tree_mask(fb) if causal else None)
+                                              tree=tree_mask(fb, block) if causal else None)
             out = attend(plan, q, k_buf, v_buf, layer.scaling)
             return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

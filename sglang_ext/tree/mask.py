@@ -11,9 +11,10 @@ How: the reflexive-transitive closure of the parent relation by repeated squarin
 ``packed(mask, prefix_lens, prefix_sum)``: the same mask in the layout SGLang's GPU verify attention reads from
 ``DFlashVerifyInput.custom_mask`` (FlashInfer's custom mask and the Triton backend's, EAGLE's tree-mask layout:
 ``dflash_info.DFlashVerifyInput.generate_attn_arg_prefill`` sizes it prefix_sum * m + bs * m * m): per request in
-batch order, m = 1 + N rows of prefix_i + m columns, row-major, the prefix columns True. The CPU attention reads
-the [bs, m, m] form (cpu/attention.py make_plan). Pinned to upstream's Triton extend-attention kernel, run by
-Triton's interpreter: tests/unit/test_tree_packed_mask.py.
+batch order, m = 1 + N rows of prefix_i + m columns, row-major, the prefix columns True. The worker hands this
+layout to every device; the CPU attention takes its tree columns back (``unpacked``: cpu/attention.py make_plan
+reads [bs, m, m]), so CPU serving runs the very mask a GPU reads. Pinned to upstream's Triton extend-attention
+kernel, run by Triton's interpreter: tests/unit/test_tree_packed_mask.py.
 """
 from __future__ import annotations
 
@@ -40,14 +41,25 @@ def positions(prefix_lens: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
 
 
 def packed(mask: torch.Tensor, prefix_lens: torch.Tensor, prefix_sum: int) -> torch.Tensor:
-    """[bs, m, m] -> [prefix_sum * m + bs * m * m] bool (module docstring); ``prefix_sum`` = sum(prefix_lens), from
-    the host (the batch's seq_lens_sum): no device sync."""
+    """[bs, m, m] -> [prefix_sum * m + bs * m * m] bool (module docstring); ``prefix_sum`` >= sum(prefix_lens), from
+    the host (a bound of the batch's lengths: no device sync; cells past the requests' rows stay True, unread)."""
     bs, m, _ = mask.shape
+    out = torch.ones(prefix_sum * m + bs * m * m, dtype=torch.bool, device=mask.device)
+    out[_tree_cells(prefix_lens, m).reshape(-1)] = mask.reshape(-1)
+    return out
+
+
+def unpacked(flat: torch.Tensor, prefix_lens: torch.Tensor, m: int) -> torch.Tensor:
+    """``packed``'s tree columns back as [bs, m, m]: what the CPU attention reads of the verify's custom mask (the
+    prefix columns, all True, are not read)."""
+    return flat[_tree_cells(prefix_lens, m)]
+
+
+def _tree_cells(prefix_lens: torch.Tensor, m: int) -> torch.Tensor:
+    """[bs, m, m] indices into the packed layout of request b's row i, tree column j."""
+    bs = prefix_lens.shape[0]
     p = prefix_lens.to(torch.int64).view(bs, 1, 1)
     cols = p + m  # a row's length: the prefix, then the m tree columns
     start = torch.cumsum(cols * m, dim=0) - cols * m  # where each request's rows begin
-    i = torch.arange(m, device=mask.device)
-    where = start + i.view(1, m, 1) * cols + p + i.view(1, 1, m)
-    out = torch.ones(prefix_sum * m + bs * m * m, dtype=torch.bool, device=mask.device)
-    out[where.reshape(-1)] = mask.reshape(-1)
-    return out
+    i = torch.arange(m, device=prefix_lens.device)
+    return start + i.view(1, m, 1) * cols + p + i.view(1, 1, m)

@@ -16,7 +16,9 @@ import pytest
 
 from benchmarks.adaptive_throughput import default_prompts, measured_profile, run_config, table, variant
 from harness.server import ManagedServer, http_json
+from sglang_ext import names
 from tests.conftest import PROMPTS
+from tests.integration.test_adaptive import scrape
 from tests.gpu.conftest import REPO
 from tests.sampling_stats import min_p_violations
 
@@ -24,14 +26,19 @@ LEVELS = [1, 8, 32, 50]
 FELL_BACK = "falling back to eager path"  # upstream's warning when a Triton branch raised
 UNCOUNTED = "were captured after the KV pool was sized"  # the worker's warning without post-capture KV sizing
 WIDTHS = [4, 8, 16]
+TREE_WIDTHS = [1, 4, 16, 32, 64]  # above the b16 drafter's block: trees of 31 and 63 nodes
 MAX_NEW = 128
 
 
-def _greedy(cfg: dict, name: str, prompts: list[str]) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp, ManagedServer(cfg, Path(tmp), name) as server:
+def _greedy(cfg: dict, name: str, prompts: list[str], env: dict[str, str] | None = None,
+            metric: str | None = None):
+    """(one request at a time, the batch at once, the server log[, the sum of ``metric`` on /metrics])."""
+    with tempfile.TemporaryDirectory() as tmp, ManagedServer(cfg, Path(tmp), name, env=env) as server:
         single = [server.generate_text(p, max_new_tokens=MAX_NEW, temperature=0) for p in prompts]
         batched = server.generate_text(prompts, max_new_tokens=MAX_NEW, temperature=0)
         log = server.log_tail(400)
+        if metric is not None:
+            return single, batched, log, sum(scrape(server, metric).values())
     return single, batched, log
 
 
@@ -47,6 +54,27 @@ def test_adaptive_greedy_matches_no_speculation(gpu_config):
     for b, s in zip(base + base_batched, spec + spec_batched):
         assert _same_prefix(b["output_ids"], s["output_ids"], strict)
     assert max(s["meta_info"]["spec_accept_length"] for s in spec) > 2.0
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
+def test_tree_widths_verify_eagerly_with_their_mask_and_match_no_speculation(gpu_config, backend):
+    """DDTree on GPU (the opt-in names.GPU_TREES; FlashInfer or Triton target attention): chain and tree widths
+    switching every step, greedy outputs equal plain decoding's, one request at a time and batched; tree steps ran,
+    and no tree width was captured as a verify graph (a graph captured without the custom mask would attend
+    causally: verify_runtimes.py)."""
+    prompts = PROMPTS + ["Explain what a hash map is.", "Write a Python function that reverses a string."]
+    args = {**gpu_config.get("sglang_args", {}), "attention_backend": backend}
+    plain = dict(gpu_config, speculative={"algorithm": "none"}, sglang_args=args)
+    trees = json.loads(json.dumps(dict(gpu_config, sglang_args=args)))
+    trees["speculative"]["adaptive"] = {"mode": "cycle", "candidates": TREE_WIDTHS}
+    base, base_batched, _ = _greedy(plain, f"plain-{backend}", prompts)
+    spec, spec_batched, log, tree_steps = _greedy(trees, f"trees-{backend}", prompts, env={names.GPU_TREES: "1"},
+                                                  metric="dflash_tree_steps_total")
+    strict = gpu_config["model"]["dtype"] == "float32"
+    for b, s in zip(base + base_batched, spec + spec_batched):
+        assert _same_prefix(b["output_ids"], s["output_ids"], strict)
+    assert tree_steps > 0, "no tree step ran"
+    assert not any(f"captured target verify graphs for width {w}" in log for w in TREE_WIDTHS if w > 16), log
 
 
 def _same_prefix(base: list[int], spec: list[int], strict: bool) -> bool:

@@ -11,11 +11,8 @@ layer's import stubs and TRITON_INTERPRET=1; the kernel's output is compared wit
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 B = 16
 STEPS = [(3, 1), (3, 16), (5, 4), (7, 16), (2, 1), (7, 8), (9, 2)]  # (batch, width): shrink, grow, batch grows
@@ -62,12 +59,8 @@ print("RESULT" + json.dumps(out))
 
 
 def test_every_width_after_a_narrow_first_allocation_gets_a_buffer_view_and_a_correct_triton_accept():
-    env = dict(os.environ, DFLASH_SERVE_CPU="1", TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", PROBE, str(B), json.dumps(STEPS)], capture_output=True, text=True,
-                       env=env, cwd=REPO, timeout=300)
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    for (bs, width), got in zip(STEPS, json.loads(line[len("RESULT"):]), strict=True):
+    results = child_result("-c", PROBE, str(B), json.dumps(STEPS), TRITON_INTERPRET="1")
+    for (bs, width), got in zip(STEPS, results, strict=True):
         where = f"batch {bs}, width {width}"
         assert got["shape"] == [bs, width] and got["contiguous"] and got["view_of_buffer"], (where, got)
         assert all(s == [got["cap"], B] for s in got["buffer_shapes"]), (where, got)  # sized for B, never b

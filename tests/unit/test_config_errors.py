@@ -127,7 +127,8 @@ def test_block_size_larger_than_trained(tmp_path, tiny_pair):
         check(load_config(write(tmp_path, data)))
 
 
-def test_a_tree_width_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, tiny_pair):
+def test_a_tree_width_the_window_cannot_hold_or_a_gpu_that_cannot_read_its_mask_is_refused(tmp_path, tiny_pair,
+                                                                                             monkeypatch):
     data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
     data["speculative"]["adaptive"] = {"candidates": [1, 16, 65]}
     with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: \[65\] exceed 64 = 4 x the drafter's "
@@ -137,7 +138,21 @@ def test_a_tree_width_the_window_cannot_hold_or_a_gpu_tree_is_refused(tmp_path, 
     assert check(load_config(write(tmp_path, data))).draft_block_size == 16
     data["server"] = {"device": "cuda"}
     with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: widths \[64\] are above the drafter's "
-                                          r"block 16, so they verify a DDTree, which runs on CPU only"):
+                                          r"block 16, so they verify a DDTree, which has not served on a GPU yet "
+                                          r"\(set DFLASH_SERVE_GPU_TREES=1 to run it on device cuda\)"):
+        check(load_config(write(tmp_path, data)))
+    monkeypatch.setenv("DFLASH_SERVE_GPU_TREES", "1")  # the GPU suite's opt-in
+    assert check(load_config(write(tmp_path, data))).draft_block_size == 16  # the worker checks SGLang's backend
+    data["sglang_args"] = {"attention_backend": "triton"}
+    assert check(load_config(write(tmp_path, data))).draft_block_size == 16
+    data["sglang_args"] = {"attention_backend": "fa3"}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: widths \[64\] are above the drafter's "
+                                          r"block 16, so they verify a DDTree, which on GPU needs an attention backend "
+                                          r"that reads the tree's mask \(flashinfer or triton\), not "
+                                          r"sglang_args.attention_backend fa3"):
+        check(load_config(write(tmp_path, data)))
+    data["sglang_args"] = {"page_size": 16}
+    with pytest.raises(ConfigError, match=r"which needs KV page size 1, not sglang_args.page_size 16"):
         check(load_config(write(tmp_path, data)))
     data["server"] = {}
     data["sglang_args"] = {"tp_size": 2}

@@ -1,12 +1,7 @@
 """The CPU layer changes SGLang only when asked (DFLASH_SERVE_CPU=1), and then fully."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 PROBE = r"""
 import json, os, sys, torch
@@ -50,13 +45,7 @@ print("RESULT" + json.dumps(out))
 
 
 def probe(active: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("DFLASH_SERVE_CPU", "SGLANG_USE_CPU_ENGINE")}
-    if active:
-        env["DFLASH_SERVE_CPU"] = "1"
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, f"probe failed:\n{r.stderr[-3000:]}"
-    return json.loads(line[len("RESULT"):])
+    return child_result("-c", PROBE, cpu_layer=active)
 
 
 def test_inactive_without_the_environment_variable():

@@ -7,11 +7,8 @@ the installed SGLang's signatures, so an upgrade that renames or reshapes one fa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 # (importable path of a callable, keyword / positional names the plugin passes to it)
 CALLS = [
@@ -62,6 +59,8 @@ CALLS = [
     ("sglang.srt.speculative.dflash_worker_v2:GenerationBatchResult.__init__",
      ["logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph", "next_draft_input",
       "speculative_num_draft_tokens", "new_seq_lens", "routed_experts_output", "indexer_topk_output"]),
+    # worker: a tree on GPU (verify_runtimes.tree_verify_refusal resolves the verify backend as upstream does)
+    ("sglang.srt.speculative.dflash_utils:resolve_dflash_verify_mask_policy", ["attn_backend"]),
     # feedback hooks the scheduler calls on the worker
     ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.on_verify_complete_cpu",
      ["num_correct_drafts_per_req", "batch_size"]),
@@ -91,6 +90,33 @@ SOURCES = [
     ("sglang.srt.managers.scheduler:Scheduler.init_model_worker",
      "if model_runner.token_to_kv_pool.post_capture_active:"),
     ("sglang.srt.environ:Envs", "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool("),
+    # a tree on GPU verifies eagerly with its mask in DFlashVerifyInput.custom_mask (verify_runtimes.py):
+    # - upstream sizes that mask as tree/mask.py packed lays it out, and hands it to the attention backend
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
+     "paged_kernel_lens_sum * self.draft_token_num"),
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
+     "+ (self.draft_token_num**2) * bs"),
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
+     "return kv_indices, cum_kv_seq_len, qo_indptr, mask"),
+    # - FlashInfer plans the verify with it; Triton reads it at n * (prefix + n) per request
+    ("sglang.srt.layers.attention.flashinfer_backend:FlashInferIndicesUpdaterPrefill.call_begin_forward",
+     "custom_mask=use_custom_mask,"),
+    ("sglang.srt.layers.attention.flashinfer_backend:FlashInferIndicesUpdaterPrefill.call_begin_forward",
+     "use_custom_mask = custom_mask"),
+    ("sglang.srt.layers.attention.triton_backend:TritonAttnBackend.init_forward_metadata",
+     "custom_mask = spec_info.custom_mask"),
+    ("sglang.srt.layers.attention.triton_backend:TritonAttnBackend.init_forward_metadata",
+     "forward_batch.seq_lens + num_tokens_per_req"),
+    # - eager: a verify graph refuses any width but its own, and prepare_for_verify then plans eagerly
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.can_run_graph",
+     "spec_info.num_tokens_per_req != self.captured_req_width"),
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify",
+     "target_worker.model_runner.attn_backend.init_forward_metadata("),
+    # - and never a graph per tree width: upstream captures DFLASH verify on these backends without a custom mask
+    #   (a tree graph would attend causally), so the worker captures chain widths only
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner",
+     "if (self.model_runner.is_draft_worker or not build_custom_mask)"),
+    ("sglang.srt.speculative.dflash_utils:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS", None),
     # the chain-verify buffer cache is keyed by the device's index (the prewarm passes an indexed device)
     ("sglang.srt.speculative.dflash_utils:_get_or_create_chain_verify_buffers",
      "key = (device.index, int(draft_token_num))"),
@@ -116,10 +142,15 @@ for path, names in calls:
     except Exception as e:
         out["calls"][path] = f"{type(e).__name__}: {e}"
 for path, needle in sources:
+    key = f"{path} :: {needle}"
     try:
-        out["sources"][path] = needle in inspect.getsource(resolve(path))
+        obj = resolve(path)
+        if needle is None:  # a value: the tree backends are in it (verify_runtimes.TREE_MASK_BACKENDS)
+            out["sources"][key] = {"FlashInferAttnBackend", "TritonAttnBackend"} <= set(obj)
+        else:
+            out["sources"][key] = needle in inspect.getsource(obj)
     except Exception as e:
-        out["sources"][path] = f"{type(e).__name__}: {e}"
+        out["sources"][key] = f"{type(e).__name__}: {e}"
 from sglang.srt.arg_groups.arg_utils import namespace_of
 from sglang.srt.server_args import ServerArgs
 out["leaf"] = "speculative_num_draft_tokens" in namespace_of(ServerArgs)
@@ -128,12 +159,7 @@ print("RESULT" + json.dumps(out))
 
 
 def _probe() -> dict:
-    env = dict(os.environ, DFLASH_SERVE_CPU="1")
-    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CALLS), json.dumps(SOURCES)], capture_output=True,
-                       text=True, env=env, cwd=REPO, timeout=300)
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    return json.loads(line[len("RESULT"):])
+    return child_result("-c", PROBE, json.dumps(CALLS), json.dumps(SOURCES))
 
 
 def test_gpu_only_calls_match_installed_sglang():

@@ -4,12 +4,7 @@ penalties together changed from one server start to the next. Checked on SGLang'
 process with the CPU layer's import stubs, for every order the penalizers can be handed over in."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 PROBE = r"""
 import itertools, json
@@ -32,9 +27,5 @@ print("RESULT" + json.dumps(sorted(orders)))
 
 
 def test_penalizers_apply_additive_then_scaling_whatever_order_they_come_in():
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO, timeout=300,
-                       env=dict(os.environ, DFLASH_SERVE_CPU="1"))
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    assert json.loads(line[len("RESULT"):]) == [["BatchedFrequencyPenalizer", "BatchedMinNewTokensPenalizer",
+    assert child_result("-c", PROBE) == [["BatchedFrequencyPenalizer", "BatchedMinNewTokensPenalizer",
                                                  "BatchedPresencePenalizer", "BatchedRepetitionPenalizer"]]

@@ -4,12 +4,7 @@ CPU layer's import stubs: the method upstream decorates is still decorated (the 
 emits no span without a profiler and the same `copy_result_to_cpu` span under one, and copies as before."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 PROBE = r"""
 import json, torch
@@ -58,11 +53,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_result_copy_emits_the_upstream_span_only_under_a_profiler():
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO, timeout=300,
-                       env=dict(os.environ, DFLASH_SERVE_CPU="1"))
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    got = json.loads(line[len("RESULT"):])
+    got = child_result("-c", PROBE)
     assert got["decorated"], "upstream no longer decorates copy_to_cpu: retire patches/profiler_spans.py"
     assert got["patched"] and got["copied"] and got["no_span_without_profiler"]
     assert got["span_under_profiler"] == got["upstream_span"] == ["copy_result_to_cpu"]

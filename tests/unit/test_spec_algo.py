@@ -1,12 +1,7 @@
 """DFLASH_ADAPTIVE, registered from the plugin, takes every code path builtin DFLASH takes."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 PROBE = r"""
 import json
@@ -23,11 +18,7 @@ print("RESULT" + json.dumps({"answers": answers, "has_future_map": callable(geta
 
 
 def test_answers_every_predicate_as_builtin_dflash():
-    env = dict(os.environ, DFLASH_SERVE_CPU="1")
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    out = json.loads(line[len("RESULT"):])
+    out = child_result("-c", PROBE)
     differing = {n: a for n, a in out["answers"].items() if a[0] != a[1] and n not in ("is_some", "is_speculative")}
     assert differing == {}
     assert out["answers"]["is_dflash"] == [True, True] and out["answers"]["is_dflash_family"] == [True, True]
@@ -49,8 +40,4 @@ print("RESULT" + json.dumps({"snapshot": ours in mr._SPEC_DECODE_SNAPSHOT_ALGORI
 
 
 def test_registers_and_patches_when_sglang_modules_are_already_imported():
-    env = dict(os.environ, DFLASH_SERVE_CPU="1")
-    r = subprocess.run([sys.executable, "-c", LATE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    line = next((l for l in r.stdout.splitlines() if l.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    assert json.loads(line[len("RESULT"):]) == {"snapshot": True, "topk_one": True}
+    assert child_result("-c", LATE) == {"snapshot": True, "topk_one": True}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sglang_ext.tree.build import Trees, build_trees, prefix_count
 from sglang_ext.tree.commit import window_order
 from sglang_ext.tree.marginals import top_log_probs
-from sglang_ext.tree.mask import ancestor_mask, positions
+from sglang_ext.tree.mask import ancestor_mask, packed, positions, unpacked
 from sglang_ext.tree.walk import walk
 
 
@@ -204,6 +204,30 @@ def test_mask_is_root_ancestors_and_self():
     pos = positions(torch.tensor([5, 0, 9]), trees.depth)
     assert pos[:, 0].tolist() == [5, 0, 9]
     assert torch.equal(pos[:, 1:] - pos[:, :1], trees.depth)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bs=st.integers(1, 4), depth=st.integers(1, 4), k=st.integers(1, 3), seed=st.integers(0, 10_000),
+       slack=st.integers(0, 40), data=st.data())
+def test_the_packed_mask_holds_the_tree_where_the_gpu_reads_it_and_the_cpu_reads_it_back(bs, depth, k, seed, slack,
+                                                                                         data):
+    """The layout every device is handed (the worker packs; the CPU attention unpacks): request b's row i is
+    prefix_b + m cells from its start, the prefix columns visible, then the tree's row; a host bound above the true
+    prefix sum leaves the tail unread."""
+    logp, tokens = marginals(bs, depth, k, 9, seed)
+    n = data.draw(st.integers(1, prefix_count(depth, k)))
+    mask = ancestor_mask(build_trees(logp, tokens, n).parent)
+    m = n + 1
+    prefix = torch.tensor(data.draw(st.lists(st.integers(0, 12), min_size=bs, max_size=bs)))
+    flat = packed(mask, prefix, int(prefix.sum()) + slack)
+    assert flat.shape == ((int(prefix.sum()) + slack) * m + bs * m * m,)
+    assert torch.equal(unpacked(flat, prefix, m), mask)
+    start = 0
+    for b in range(bs):
+        p = int(prefix[b])
+        rows = flat[start: start + m * (p + m)].view(m, p + m)
+        assert rows[:, :p].all() and torch.equal(rows[:, p:], mask[b])
+        start += m * (p + m)
 
 
 @settings(max_examples=60, deadline=None)

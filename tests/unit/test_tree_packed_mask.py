@@ -10,25 +10,15 @@ TRITON_INTERPRET must be set before Triton is imported, and SGLang's kernels imp
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import child_result
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_upstream_triton_verify_attention_reads_the_packed_tree_mask_as_the_cpu_path_reads_the_tree(seed):
-    env = dict(os.environ, DFLASH_SERVE_CPU="1", TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "tests.tree_attention_probe", str(seed)], capture_output=True,
-                       text=True, env=env, cwd=REPO, timeout=300)
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line, r.stderr[-3000:]
-    got = json.loads(line[len("RESULT"):])
+    got = child_result("-m", "tests.tree_attention_probe", str(seed), TRITON_INTERPRET="1")
     assert got["size"] == got["expected_size"]  # what upstream's verify input sizes the mask to
     assert got["branching"], "every request's tree must branch, or a causal mask would pass too"
-    assert got["cpu_vs_ref"] < 1e-5 and got["triton_vs_ref"] < 1e-5, got
+    assert got["cpu_vs_ref"] < 1e-5 and got["triton_vs_ref"] < 1e-5 and got["triton_causal_vs_ref"] < 1e-5, got
     assert got["causal_mask_vs_ref"] > 1e-2, "a chain's causal mask attended as the tree does: the mask is not read"
