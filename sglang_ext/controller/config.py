@@ -54,7 +54,8 @@ class ControllerConfig:
         decode step: a diagnostic and test mode that exercises every width switch (never a performance setting).
     candidates: verify widths the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
         default) = auto: the powers of two below the drafter's trained block, and the block itself. A width above
-        the drafter's block B (up to TREE_WINDOW_BLOCKS x B; CPU only) is a DDTree of width - 1 draft prefixes.
+        the drafter's block B (up to TREE_WINDOW_BLOCKS x B; on GPU opted in, sglang_ext/names.py GPU_TREES) is a
+        DDTree of width - 1 draft prefixes.
     hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
     min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size
         bucket changes: a new load level is a new situation, not noise).

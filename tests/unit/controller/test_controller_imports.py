@@ -21,7 +21,10 @@ def test_import_pulls_in_neither_torch_nor_sglang() -> None:
         "ctrl.decide(['a'])\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang'))))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    # without the CPU layer's start-up hook (DFLASH_SERVE_CPU imports torch at interpreter start), which a test
+    # that activated the layer in the pytest process would otherwise hand down
+    env = {k: v for k, v in os.environ.items() if k not in ("DFLASH_SERVE_CPU", "SGLANG_USE_CPU_ENGINE")}
+    env |= {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
