@@ -24,12 +24,12 @@ Each decode step:
      likely prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
      (DFlashVerifyInput.custom_mask in the layout GPU attention reads, tree/mask.py packed, which the CPU attention
      unpacks; on GPU the tree verifies eagerly on FlashInfer or Triton, verify_runtimes.py), the target's choice
-     at every node walked from
-     the root (tree/walk.py: greedy or sampled, lossless either way), then the window's req_to_token entries
-     reordered so the committed path's KV sits at the committed positions (tree/commit.py: no K/V copy) and the
-     path's target features appended to the draft KV; the path goes back to the controller, which learns from it
-     what every narrower tree would have committed (controller/tree_gain.py). Batches a tree cannot serve
-     (grammar, logprobs, per-row penalties, custom logit processors, sampling masks) are decided without trees.
+     at every node walked from the root (tree/walk.py: greedy or sampled, lossless either way), then the window's
+     req_to_token entries reordered so the committed path's KV sits at the committed positions (tree/commit.py: no
+     K/V copy) and the path's target features appended to the draft KV; the path goes back to the controller,
+     which learns from it what every narrower tree would have committed (controller/tree_gain.py). Batches a tree
+     cannot serve (grammar, logprobs, per-row penalties, custom logit processors, sampling masks) are decided
+     without trees.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized. A
 tree of 1 + N > B nodes has its own window and a reserve widened for it (patches/dflash_headroom.py).

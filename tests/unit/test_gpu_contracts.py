@@ -67,7 +67,8 @@ CALLS = [
     ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.note_request_finished", ["rid", "natural_stop"]),
 ]
 
-# attributes/source facts the plugin relies on: (module:object, substring of its source)
+# attributes/source facts the plugin relies on: (module:object, substring of its source); None for the one set
+# checked by value (upstream's skip-custom-mask backends hold the two the GPU tree verifies on)
 SOURCES = [
     # the scheduler feeds accept counts to the worker after its copy-done sync (no sync of our own needed)
     ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
