@@ -41,8 +41,8 @@ FULL_DRAFTS = "DFLASH_SERVE_FULL_DRAFTS"
 """'1': the DFLASH_ADAPTIVE worker drafts the full block at every width > 1 on CPU too, as on GPU (worker.py, step
 2): the reference prefix drafts are measured against (benchmarks/step_profile.py, the sweep's variants)."""
 GPU_TREES = "DFLASH_SERVE_GPU_TREES"
-"""'1': tree widths (DDTree, candidates above the drafter's block) are served on GPU, which verifies them eagerly on
-FlashInfer or Triton (verify_runtimes.py). Refused without it until the GPU suite (tests/gpu/test_gpu_serving.py) has
+"""'1': tree widths (DDTree, candidates above the drafter's block) are served on GPU, which verifies them on
+FlashInfer or Triton from a verify CUDA graph per tree width (verify_runtimes.py). Refused without it until the GPU suite (tests/gpu/test_gpu_serving.py) has
 passed on a GPU: the GPU tree path is built and pinned to upstream's source but has not served on one yet. Read
 by the preflight and the worker."""
 

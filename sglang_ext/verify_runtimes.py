@@ -11,22 +11,28 @@ width the server started with (the drafter's block B) keeps the startup backend 
 swaps the target model runner's ``attn_backend`` and ``decode_cuda_graph_runner`` (what EAGLE's adaptive
 ``apply_runtime_state`` swaps on the target side).
 
-A tree width (above B: a DDTree verify) has no graph of its own: it activates the start-up width's backend, whose
-runner refuses any other width (``can_run_graph`` compares ``num_tokens_per_req`` with the width it captured), so
-the tree verifies eagerly, reading its ancestor mask from ``DFlashVerifyInput.custom_mask``. Only the backends in
-TREE_MASK_BACKENDS read it there (``tree_verify_refusal``); the worker refuses trees on any other at start-up. Not
-built yet: a graph per tree width (capture with a custom-mask buffer, which upstream skips for DFLASH on these
-backends), so a tree step pays eager launch costs the controller measures and prices.
+A tree width (above B: a DDTree verify) gets its own backend and graph too, captured with the runner's custom-mask
+buffer (``TreeVerifyGraphRunner``): upstream captures DFLASH verify on FlashInfer and Triton without a mask (their
+causal path expresses a chain), and a graph captured so would attend causally over a tree. Captured with the mask,
+FlashInfer builds the width's verify wrappers around its custom-mask buffer and re-plans every replay with the
+step's ``DFlashVerifyInput.custom_mask`` (with plan()'s host reads: the sync-free fast plan is installed only for
+maskless DFLASH graphs);
+Triton copies the step's mask into its verify-mask buffer every replay; padded requests get upstream's all-ones
+padding. Only the backends in TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the worker refuses trees
+on any other at start-up. A tree step beyond the captured batch sizes verifies eagerly on the same backend, with
+the same mask.
 
 On CPU (and with graphs disabled) one eager backend serves every width: the CPU layer's attention derives the width
-from the query rows, so there is nothing to build and activation is a no-op. Nothing in this module runs here in
-CI; tests/unit/test_gpu_contracts.py pins every upstream name and signature it calls to the installed SGLang.
+from the query rows, so there is nothing to build and activation is a no-op. Capture runs only on a GPU; CI runs
+the tree runner's capture input against upstream's (tests/unit/test_verify_runtimes.py), and
+tests/unit/test_gpu_contracts.py pins every upstream name, signature and behaviour used here to the installed SGLang.
 
 The draft side needs nothing per width: the worker always drafts the full trained block with upstream's draft
 runner, FlashInfer non-causal draft attention and draft CUDA graph.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -65,7 +71,9 @@ class VerifyRuntimes:
     def activate(self, width: int) -> None:
         if not self._by_width or width == self._active:
             return
-        rt = self._by_width.get(width) or self._by_width[self._startup_width]  # a tree: eager (module docstring)
+        # every candidate is captured; a width that were not would verify eagerly on the start-up backend (its
+        # runner refuses other widths), which reads a tree's mask eagerly too
+        rt = self._by_width.get(width) or self._by_width[self._startup_width]
         self._mr.attn_backend = rt.attn_backend
         self._mr.decode_cuda_graph_runner = rt.graph_runner
         self._active = width
@@ -94,8 +102,29 @@ def tree_verify_refusal(model_runner: Any) -> str | None:
     return None
 
 
+@functools.cache
+def tree_graph_runner_class() -> type:
+    """SGLang's verify graph runner, capturing with its custom-mask buffer so the graph reads a tree's mask.
+
+    Upstream call site: ``DecodeCudaGraphRunner.get_spec_info``, which ``capture_prepare`` calls for the dummy
+    verify input of each captured batch size, and which passes ``custom_mask=None`` for DFLASH on the backends in
+    ``_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS`` (FlashInfer and Triton among them). Retire when upstream captures
+    DFLASH verify with a mask for widths that need one. Pinned: tests/unit/test_gpu_contracts.py.
+    """
+    from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
+
+    class TreeVerifyGraphRunner(DecodeCudaGraphRunner):
+        def get_spec_info(self, num_tokens: int):
+            spec_info = super().get_spec_info(num_tokens)
+            spec_info.custom_mask = self.buffers.custom_mask  # its contents are replaced at every replay
+            return spec_info
+
+    return TreeVerifyGraphRunner
+
+
 def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width: int) -> VerifyRuntimes:
-    """CUDA: build a target attention backend and verify CUDA graph per width (GPU-only; see module docstring)."""
+    """CUDA: build a target attention backend and verify CUDA graph per width (GPU-only; see module docstring).
+    A width above ``startup_width`` (the drafter's block) verifies a tree and is captured with the mask."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
     from sglang.srt.runtime_context import get_context, get_spec
@@ -117,11 +146,13 @@ def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width:
             finally:
                 model_runner.init_new_workspace = backup
             translator.bind_and_verify_backends([backend])  # EAGLE's adaptive path skips this; ours must not
-            runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend, speculative_num_steps=1,
-                                           speculative_num_draft_tokens=b)
+            tree = b > startup_width
+            runner_class = tree_graph_runner_class() if tree else DecodeCudaGraphRunner
+            runner = runner_class(model_runner, attn_backend=backend, speculative_num_steps=1,
+                                  speculative_num_draft_tokens=b)
             runtimes[b] = VerifyRuntime(b, backend, runner)
-            logger.info("dflash-serve: captured target verify graphs for width %d in %.1fs", b,
-                        time.perf_counter() - tic)
+            logger.info("dflash-serve: captured target verify graphs for width %d%s in %.1fs", b,
+                        " (a tree: with its custom mask)" if tree else "", time.perf_counter() - tic)
     finally:
         get_context().override("dflash_serve.capture_restore", speculative_num_draft_tokens=saved)
     return VerifyRuntimes(model_runner, runtimes, startup_width)

@@ -20,16 +20,16 @@ Each decode step:
      then exactly what per-step appends would have written, so acceptance after drafting resumes is what it would
      have been had drafting never paused.
   5. DDTree (a candidate width w > B): the step verifies a tree of N = w - 1 nodes instead of a chain -- one
-     full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most
-     likely prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
+     full draft forward, its top-k marginals at every position (sglang_ext/tree/build.py: the N most likely
+     prefixes), root (the anchor) + N nodes verified at positions prefix + depth under the ancestor mask
      (DFlashVerifyInput.custom_mask in the layout GPU attention reads, tree/mask.py packed, which the CPU attention
-     unpacks; on GPU the tree verifies eagerly on FlashInfer or Triton, verify_runtimes.py), the target's choice
-     at every node walked from the root (tree/walk.py: greedy or sampled, lossless either way), then the window's
-     req_to_token entries reordered so the committed path's KV sits at the committed positions (tree/commit.py: no
-     K/V copy) and the path's target features appended to the draft KV; the path goes back to the controller,
-     which learns from it what every narrower tree would have committed (controller/tree_gain.py). Batches a tree
-     cannot serve (grammar, logprobs, per-row penalties, custom logit processors, sampling masks) are decided
-     without trees.
+     unpacks; on GPU FlashInfer or Triton read it, from a verify graph per tree width, verify_runtimes.py), the
+     target's choice at every node walked from the root (tree/walk.py: greedy or sampled, lossless either way),
+     then the window's req_to_token entries reordered so the committed path's KV sits at the committed positions
+     (tree/commit.py: no K/V copy) and the path's target features appended to the draft KV; the path goes back to
+     the controller, which learns from it what every narrower tree would have committed (controller/tree_gain.py).
+     Batches a tree cannot serve (grammar, logprobs, per-row penalties, custom logit processors, sampling masks)
+     are decided without trees.
 KV reservations stay sized for B: the scheduler reserves 2 * B slots per request per step before the worker
 runs (dflash_info_v2.prepare_for_decode), and every buffer sized by upstream for B is sliced, never re-sized. A
 tree of 1 + N > B nodes has its own window and a reserve widened for it (patches/dflash_headroom.py).
@@ -227,9 +227,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()  # the draft graphs (full block) and upstream's start-up state
         if upstream.is_cuda():
-            # chain widths only: a graph captured for a tree's width would replay the chain's causal attention
-            # (upstream captures DFLASH verify without a custom mask on FlashInfer/Triton); trees run eager
-            self._verify_runtimes = capture_verify_runtimes(self.model_runner, self._chain_widths(), self.max_block)
+            # every candidate: a chain width as upstream captures it, a tree width with its custom mask
+            self._verify_runtimes = capture_verify_runtimes(self.model_runner, list(self.loop.candidates),
+                                                            self.max_block)
             pool = self.model_runner.token_to_kv_pool
             if self._verify_runtimes.extra_widths and not getattr(pool, "post_capture_active", False):
                 logger.warning(

@@ -56,25 +56,30 @@ def test_adaptive_greedy_matches_no_speculation(gpu_config):
     assert max(s["meta_info"]["spec_accept_length"] for s in spec) > 2.0
 
 
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("backend", ["flashinfer", "triton"])
-def test_tree_widths_verify_eagerly_with_their_mask_and_match_no_speculation(gpu_config, backend):
+def test_tree_widths_verify_with_their_mask_and_match_no_speculation(gpu_config, backend, graphs):
     """DDTree on GPU (the opt-in names.GPU_TREES; FlashInfer or Triton target attention): chain and tree widths
-    switching every step, greedy outputs equal plain decoding's, one request at a time and batched; tree steps ran,
-    and no tree width was captured as a verify graph (a graph captured without the custom mask would attend
-    causally: verify_runtimes.py)."""
+    switching every step, greedy outputs equal plain decoding's, one request at a time and batched; tree steps ran.
+    With CUDA graphs each tree width's verify graph was captured with the custom mask (verify_runtimes.py: one
+    captured without it would attend causally over the tree); without, the same trees verify eagerly."""
     prompts = PROMPTS + ["Explain what a hash map is.", "Write a Python function that reverses a string."]
     args = {**gpu_config.get("sglang_args", {}), "attention_backend": backend}
+    if not graphs:
+        args["cuda_graph_backend_decode"] = "disabled"
     plain = dict(gpu_config, speculative={"algorithm": "none"}, sglang_args=args)
     trees = json.loads(json.dumps(dict(gpu_config, sglang_args=args)))
     trees["speculative"]["adaptive"] = {"mode": "cycle", "candidates": TREE_WIDTHS}
-    base, base_batched, _ = _greedy(plain, f"plain-{backend}", prompts)
-    spec, spec_batched, log, tree_steps = _greedy(trees, f"trees-{backend}", prompts, env={names.GPU_TREES: "1"},
+    name = f"{backend}-{'graphs' if graphs else 'eager'}"
+    base, base_batched, _ = _greedy(plain, f"plain-{name}", prompts)
+    spec, spec_batched, log, tree_steps = _greedy(trees, f"trees-{name}", prompts, env={names.GPU_TREES: "1"},
                                                   metric="dflash_tree_steps_total")
     strict = gpu_config["model"]["dtype"] == "float32"
     for b, s in zip(base + base_batched, spec + spec_batched):
         assert _same_prefix(b["output_ids"], s["output_ids"], strict)
     assert tree_steps > 0, "no tree step ran"
-    assert not any(f"captured target verify graphs for width {w}" in log for w in TREE_WIDTHS if w > 16), log
+    captured = [w for w in TREE_WIDTHS if f"captured target verify graphs for width {w} (a tree" in log]
+    assert captured == ([w for w in TREE_WIDTHS if w > 16] if graphs else []), log
 
 
 def _same_prefix(base: list[int], spec: list[int], strict: bool) -> bool:

@@ -19,6 +19,7 @@ CALLS = [
     ("sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.bind_and_verify_backends", ["backends"]),
     ("sglang.srt.model_executor.cuda_graph_config:check_cuda_graph_backend", ["phase", "backend"]),
     ("sglang.srt.runtime_context:RuntimeContext.override", ["source", "speculative_num_draft_tokens"]),
+    ("sglang.srt.model_executor.runner:DecodeCudaGraphRunner.get_spec_info", ["num_tokens"]),  # a tree's capture
     # worker: prewarm of chain-verify buffers per width (CUDA)
     ("sglang.srt.speculative.dflash_worker_v2:_get_or_create_chain_verify_buffers", ["bs", "draft_token_num", "device"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._prewarm_batch_size", ["block_size"]),
@@ -91,7 +92,7 @@ SOURCES = [
     ("sglang.srt.managers.scheduler:Scheduler.init_model_worker",
      "if model_runner.token_to_kv_pool.post_capture_active:"),
     ("sglang.srt.environ:Envs", "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool("),
-    # a tree on GPU verifies eagerly with its mask in DFlashVerifyInput.custom_mask (verify_runtimes.py):
+    # a tree on GPU verifies with its mask in DFlashVerifyInput.custom_mask (verify_runtimes.py):
     # - upstream sizes that mask as tree/mask.py packed lays it out, and hands it to the attention backend
     ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
      "paged_kernel_lens_sum * self.draft_token_num"),
@@ -108,16 +109,42 @@ SOURCES = [
      "custom_mask = spec_info.custom_mask"),
     ("sglang.srt.layers.attention.triton_backend:TritonAttnBackend.init_forward_metadata",
      "forward_batch.seq_lens + num_tokens_per_req"),
-    # - eager: a verify graph refuses any width but its own, and prepare_for_verify then plans eagerly
+    # - a verify graph refuses any width but its own (an uncaptured width plans eagerly); a captured one is loaded
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.can_run_graph",
      "spec_info.num_tokens_per_req != self.captured_req_width"),
     ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify",
      "target_worker.model_runner.attn_backend.init_forward_metadata("),
-    # - and never a graph per tree width: upstream captures DFLASH verify on these backends without a custom mask
-    #   (a tree graph would attend causally), so the worker captures chain widths only
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify",
+     "decode_cuda_graph_runner.load_batch("),
+    # - a graph per tree width, captured with the mask: upstream's capture input leaves it out for DFLASH on these
+    #   backends (so a chain's graph is causal), and the tree runner puts the runner's buffer back in
+    #   (tree_graph_runner_class overrides get_spec_info, which capture_prepare calls for each batch size)
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner",
      "if (self.model_runner.is_draft_worker or not build_custom_mask)"),
     ("sglang.srt.speculative.dflash_utils:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS", None),
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_prepare",
+     "spec_info = self.get_spec_info(num_tokens)"),
+    # - FlashInfer: a capture input with a mask builds the width's verify wrappers around the custom-mask buffer;
+    #   the sync-free fast plan is installed only for maskless DFLASH graphs, so a tree graph re-plans with the
+    #   step's mask at every replay (plan() refills the buffer), and planning a masked graph without one raises
+    ("sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend._prepare_cuda_graph_metadata",
+     'and getattr(spec_info, "custom_mask", None) is not None'),
+    ("sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend.init_forward_metadata_out_graph",
+     'and getattr(spec_info, "custom_mask", None) is None'),
+    ("sglang.srt.layers.attention.flashinfer_backend:FlashInferIndicesUpdaterPrefill.call_begin_forward",
+     "verify planned without a custom mask on"),
+    # - Triton: captured with its verify-mask buffer when the capture input has a mask, filled from the step's
+    #   mask at every replay
+    ("sglang.srt.layers.attention.triton_backend:TritonAttnBackend._build_cuda_graph_forward_metadata",
+     "self._verify_mask.buffer"),
+    ("sglang.srt.layers.attention.triton_backend:TritonAttnBackend._update_target_verify_buffers",
+     "custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask"),
+    # - a replay padded to a captured batch size pads the mask (all ones: the padded rows are discarded)
+    ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
+     "if mask.numel() < mask_numel:"),
+    # - no metadata glue graph for DFLASH (it would freeze the capture-time plan, mask included)
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+     "if enable_metadata_glue and model_runner.spec_algorithm.is_dflash_family():"),
     # the chain-verify buffer cache is keyed by the device's index (the prewarm passes an indexed device)
     ("sglang.srt.speculative.dflash_utils:_get_or_create_chain_verify_buffers",
      "key = (device.index, int(draft_token_num))"),

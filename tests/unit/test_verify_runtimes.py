@@ -1,11 +1,12 @@
 """The GPU verify resources' rules that run here (sglang_ext/verify_runtimes.py): which backend and graph a width's
-verify gets, and which GPU targets may verify a tree.
+verify gets, what a tree width's graph is captured with, and which GPU targets may verify a tree.
 
-Capture itself needs a GPU (tests/gpu); these are the decisions around it. A tree width has no graph: it must get
-the start-up width's backend and runner, whose graph refuses any other width, so the tree verifies eagerly with
-its mask (pinned to upstream in tests/unit/test_gpu_contracts.py). Which targets may: resolved by upstream's own
-``resolve_dflash_verify_mask_policy`` on SGLang's real backend classes, in a child process with the CPU layer's
-import stubs.
+Capture itself needs a GPU (tests/gpu); these are the decisions around it. Every width gets its own backend and
+graph; a tree width's graph must be captured with the runner's custom-mask buffer, where upstream captures DFLASH
+verify on FlashInfer and Triton without one (a graph so captured would attend causally over the tree): checked on
+upstream's own ``DecodeCudaGraphRunner.get_spec_info``. Which targets may verify a tree: resolved by upstream's
+own ``resolve_dflash_verify_mask_policy`` on SGLang's real backend classes. Both in a child process with the CPU
+layer's import stubs; what replay does with the mask is pinned in tests/unit/test_gpu_contracts.py.
 """
 from __future__ import annotations
 
@@ -17,20 +18,60 @@ from tests.conftest import child_result
 B = 16
 
 
-def test_each_chain_width_gets_its_own_graph_and_a_tree_width_the_start_up_backend_eagerly():
+def test_each_width_gets_its_own_graph_and_an_uncaptured_width_the_start_up_backend():
     start, eight = VerifyRuntime(B, "backend-16", "graphs-16"), VerifyRuntime(8, "backend-8", "graphs-8")
+    tree = VerifyRuntime(32, "backend-32", "graphs-32")  # a tree of 31 nodes
     runner = SimpleNamespace(attn_backend=start.attn_backend, decode_cuda_graph_runner=start.graph_runner)
-    runtimes = VerifyRuntimes(runner, {B: start, 8: eight}, startup_width=B)
-    assert runtimes.extra_widths == [8]
+    runtimes = VerifyRuntimes(runner, {B: start, 8: eight, 32: tree}, startup_width=B)
+    assert runtimes.extra_widths == [8, 32]
     runtimes.activate(8)
     assert (runner.attn_backend, runner.decode_cuda_graph_runner) == ("backend-8", "graphs-8")
-    runtimes.activate(32)  # a tree of 31 nodes
+    runtimes.activate(32)
+    assert (runner.attn_backend, runner.decode_cuda_graph_runner) == ("backend-32", "graphs-32")
+    runtimes.activate(64)  # not captured: the start-up backend, whose runner refuses the width (eager)
     assert (runner.attn_backend, runner.decode_cuda_graph_runner) == ("backend-16", "graphs-16")
     runtimes.activate(8)
     assert runner.attn_backend == "backend-8"
     eager = SimpleNamespace(attn_backend="cpu", decode_cuda_graph_runner=None)
     VerifyRuntimes.eager(eager).activate(64)
     assert eager.attn_backend == "cpu"  # one backend serves every width: nothing to swap
+
+
+CAPTURE_PROBE = r"""
+import json
+from types import SimpleNamespace
+import torch
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang_ext.verify_runtimes import tree_graph_runner_class
+
+def capture_input(cls, backend_cls):
+    runner = object.__new__(cls)  # the attributes get_spec_info reads; __init__ would capture on a GPU
+    runner.model_runner = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.DFLASH, is_draft_worker=False,
+                                          attn_backend=object.__new__(backend_cls))
+    runner.buffers = SimpleNamespace(custom_mask=torch.ones(8, dtype=torch.bool))
+    runner.captured_req_width, runner.ragged_verify_mode = 32, False
+    info = runner.get_spec_info(num_tokens=64)
+    return {"mask_is_buffer": info.custom_mask is runner.buffers.custom_mask, "width": info.draft_token_num,
+            "hidden": info.capture_hidden_mode.name}
+
+tree, backends = tree_graph_runner_class(), (FlashInferAttnBackend, TritonAttnBackend)
+print("RESULT" + json.dumps({
+    "subclass": issubclass(tree, DecodeCudaGraphRunner) and tree_graph_runner_class() is tree,
+    "upstream": {b.__name__: capture_input(DecodeCudaGraphRunner, b) for b in backends},
+    "tree": {b.__name__: capture_input(tree, b) for b in backends}}))
+"""
+
+
+def test_a_tree_width_is_captured_with_the_custom_mask_buffer_upstream_leaves_out():
+    got = child_result("-c", CAPTURE_PROBE)
+    assert got["subclass"]
+    for backend in ("FlashInferAttnBackend", "TritonAttnBackend"):
+        # upstream's own capture input for DFLASH on these backends has no mask: a chain graph, causal
+        assert got["upstream"][backend] == {"mask_is_buffer": False, "width": 32, "hidden": "FULL"}
+        assert got["tree"][backend] == {"mask_is_buffer": True, "width": 32, "hidden": "FULL"}
 
 
 PROBE = r"""
