@@ -19,8 +19,8 @@ step's ``DFlashVerifyInput.custom_mask`` (with plan()'s host reads: the sync-fre
 maskless DFLASH graphs);
 Triton copies the step's mask into its verify-mask buffer every replay; padded requests get upstream's all-ones
 padding. Only the backends in TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the worker refuses trees
-on any other at start-up. A tree step beyond the captured batch sizes verifies eagerly on the same backend, with
-the same mask.
+on any other at start-up. A tree's graphs stop at the batch sizes whose rows fit SGLang's shared logits buffer
+(``tree_capture_sizes``); a larger tree batch verifies eagerly on the same backend, with the same mask.
 
 On CPU (and with graphs disabled) one eager backend serves every width: the CPU layer's attention derives the width
 from the query rows, so there is nothing to build and activation is a no-op. Capture runs only on a GPU; CI runs
@@ -32,11 +32,12 @@ runner, FlashInfer non-causal draft attention and draft CUDA graph.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ class VerifyRuntimes:
     def activate(self, width: int) -> None:
         if not self._by_width or width == self._active:
             return
-        # every candidate is captured; a width that were not would verify eagerly on the start-up backend (its
-        # runner refuses other widths), which reads a tree's mask eagerly too
+        # a width without graphs (a tree too wide for every captured batch size) verifies eagerly on the start-up
+        # backend: its runner refuses other widths, and it reads a tree's mask eagerly too
         rt = self._by_width.get(width) or self._by_width[self._startup_width]
         self._mr.attn_backend = rt.attn_backend
         self._mr.decode_cuda_graph_runner = rt.graph_runner
@@ -122,12 +123,40 @@ def tree_graph_runner_class() -> type:
     return TreeVerifyGraphRunner
 
 
+def tree_capture_sizes(batch_sizes: list[int], width: int, logits_rows: int) -> list[int]:
+    """The decode graph batch sizes a tree of ``width`` verify tokens is captured at: those whose rows fit SGLang's
+    shared logits buffer (``logits_rows``), which every verify graph writes and which is sized for the published
+    width B at the largest batch size. A tree is wider than B, so its graphs stop at a smaller batch; a larger tree
+    batch verifies eagerly. Trees pay at small batches only (README, DDTree), so that costs little, where growing
+    the buffer would cost max_bs x width x vocab x 4 bytes (10 GB at 256 x 64 x Qwen3's vocabulary)."""
+    return sorted(bs for bs in set(batch_sizes) if bs * width <= logits_rows)
+
+
+@contextlib.contextmanager
+def published_capture_sizes(sizes: list[int] | None) -> Iterator[None]:
+    """While a verify graph runner is built: SGLang's published decode graph batch sizes are ``sizes`` (None: left
+    as they are). The runner reads them from the published graph config (``get_batch_sizes_to_capture``)."""
+    if sizes is None:
+        yield
+        return
+    from sglang.srt.model_executor.cuda_graph_config import Phase, with_phase
+    from sglang.srt.runtime_context import get_context, get_exec
+
+    graphs = get_exec().graph.cuda_graph_config
+    get_context().override("dflash_serve.capture_tree", cuda_graph_config=with_phase(graphs, Phase.DECODE, bs=sizes))
+    try:
+        yield
+    finally:
+        get_context().override("dflash_serve.capture_restore", cuda_graph_config=graphs)
+
+
 def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width: int) -> VerifyRuntimes:
     """CUDA: build a target attention backend and verify CUDA graph per width (GPU-only; see module docstring).
-    A width above ``startup_width`` (the drafter's block) verifies a tree and is captured with the mask."""
+    A width above ``startup_width`` (the drafter's block) verifies a tree: captured with the mask, at the batch
+    sizes ``tree_capture_sizes`` keeps (none kept: it verifies eagerly on the start-up backend)."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
-    from sglang.srt.runtime_context import get_context, get_spec
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec
 
     runtimes = {startup_width: VerifyRuntime(startup_width, model_runner.attn_backend,
                                              model_runner.decode_cuda_graph_runner)}
@@ -138,6 +167,15 @@ def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width:
     try:
         for b in sorted(set(widths) - {startup_width}):
             tic = time.perf_counter()
+            tree, sizes = b > startup_width, None
+            if tree:
+                shared = model_runner.graph_shared_output
+                sizes = tree_capture_sizes(list(get_exec().graph.cuda_graph_config.decode.bs or []), b,
+                                           shared.max_rows if shared else 0)
+                if not sizes:
+                    logger.info("dflash-serve: tree width %d verifies eagerly (no captured batch size fits SGLang's "
+                                "shared logits buffer at this width)", b)
+                    continue
             # The runner and the dummy verify input it captures with read the width from the published spec config.
             get_context().override("dflash_serve.capture_verify", speculative_num_draft_tokens=b)
             backup = model_runner.init_new_workspace
@@ -146,13 +184,14 @@ def capture_verify_runtimes(model_runner: Any, widths: list[int], startup_width:
             finally:
                 model_runner.init_new_workspace = backup
             translator.bind_and_verify_backends([backend])  # EAGLE's adaptive path skips this; ours must not
-            tree = b > startup_width
             runner_class = tree_graph_runner_class() if tree else DecodeCudaGraphRunner
-            runner = runner_class(model_runner, attn_backend=backend, speculative_num_steps=1,
-                                  speculative_num_draft_tokens=b)
+            with published_capture_sizes(sizes):
+                runner = runner_class(model_runner, attn_backend=backend, speculative_num_steps=1,
+                                      speculative_num_draft_tokens=b)
             runtimes[b] = VerifyRuntime(b, backend, runner)
             logger.info("dflash-serve: captured target verify graphs for width %d%s in %.1fs", b,
-                        " (a tree: with its custom mask)" if tree else "", time.perf_counter() - tic)
+                        f" (a tree: with its custom mask, batch sizes up to {max(runner.capture_bs)})" if tree else "",
+                        time.perf_counter() - tic)
     finally:
         get_context().override("dflash_serve.capture_restore", speculative_num_draft_tokens=saved)
     return VerifyRuntimes(model_runner, runtimes, startup_width)

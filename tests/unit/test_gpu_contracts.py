@@ -20,6 +20,7 @@ CALLS = [
     ("sglang.srt.model_executor.cuda_graph_config:check_cuda_graph_backend", ["phase", "backend"]),
     ("sglang.srt.runtime_context:RuntimeContext.override", ["source", "speculative_num_draft_tokens"]),
     ("sglang.srt.model_executor.runner:DecodeCudaGraphRunner.get_spec_info", ["num_tokens"]),  # a tree's capture
+    ("sglang.srt.model_executor.cuda_graph_config:with_phase", ["config", "phase"]),  # a tree's batch sizes
     # worker: prewarm of chain-verify buffers per width (CUDA)
     ("sglang.srt.speculative.dflash_worker_v2:_get_or_create_chain_verify_buffers", ["bs", "draft_token_num", "device"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._prewarm_batch_size", ["block_size"]),
@@ -142,6 +143,19 @@ SOURCES = [
     # - a replay padded to a captured batch size pads the mask (all ones: the padded rows are discarded)
     ("sglang.srt.speculative.dflash_info:DFlashVerifyInput.generate_attn_arg_prefill",
      "if mask.numel() < mask_numel:"),
+    # - a tree's graphs stop where its rows outgrow the shared logits buffer, sized for the published width: the
+    #   runner takes its batch sizes from the published graph config and its logits rows from that buffer, which
+    #   refuses more rows than it holds; a batch above the runner's largest size verifies eagerly
+    ("sglang.srt.model_executor.runner.base_cuda_graph_runner:get_batch_sizes_to_capture",
+     "capture_bs = list(get_exec().graph.cuda_graph_config.decode.bs)"),
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+     "self.model_runner.graph_shared_output.get_logits_buffer("),
+    ("sglang.srt.model_executor.graph_shared_output:GraphSharedOutput.get_logits_buffer",
+     "assert rows <= self.max_rows"),
+    ("sglang.srt.model_executor.model_runner:ModelRunner.max_decode_logits_rows",
+     "max_rows = max(max_rows, max(capture_bs) * num_tokens_per_req)"),
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.can_run_graph",
+     "else cuda_graph_bs <= self.max_bs"),
     # - no metadata glue graph for DFLASH (it would freeze the capture-time plan, mask included)
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
      "if enable_metadata_glue and model_runner.spec_algorithm.is_dflash_family():"),
@@ -181,7 +195,7 @@ for path, needle in sources:
         out["sources"][key] = f"{type(e).__name__}: {e}"
 from sglang.srt.arg_groups.arg_utils import namespace_of
 from sglang.srt.server_args import ServerArgs
-out["leaf"] = "speculative_num_draft_tokens" in namespace_of(ServerArgs)
+out["leaf"] = {"speculative_num_draft_tokens", "cuda_graph_config"} <= set(namespace_of(ServerArgs))
 print("RESULT" + json.dumps(out))
 """
 
@@ -196,4 +210,4 @@ def test_gpu_only_calls_match_installed_sglang():
     assert broken == {}, f"upstream signature changed (missing parameters): {broken}"
     stale = {path: ok for path, ok in out["sources"].items() if ok is not True}
     assert stale == {}, f"upstream behaviour the worker relies on changed: {stale}"
-    assert out["leaf"], "speculative_num_draft_tokens is no longer an overridable config leaf"
+    assert out["leaf"], "speculative_num_draft_tokens or cuda_graph_config is no longer an overridable leaf"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_ext.verify_runtimes import VerifyRuntime, VerifyRuntimes
+from sglang_ext.verify_runtimes import VerifyRuntime, VerifyRuntimes, tree_capture_sizes
 from tests.conftest import child_result
 
 B = 16
@@ -35,6 +35,41 @@ def test_each_width_gets_its_own_graph_and_an_uncaptured_width_the_start_up_back
     eager = SimpleNamespace(attn_backend="cpu", decode_cuda_graph_runner=None)
     VerifyRuntimes.eager(eager).activate(64)
     assert eager.attn_backend == "cpu"  # one backend serves every width: nothing to swap
+
+
+def test_a_tree_width_is_captured_only_at_batch_sizes_whose_rows_fit_the_shared_logits_buffer():
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    rows = 256 * B  # SGLang sizes it for the published width B at the largest captured batch size
+    assert tree_capture_sizes(sizes, 32, rows) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert tree_capture_sizes(sizes, 64, rows) == [1, 2, 4, 8, 16, 32, 64]
+    assert tree_capture_sizes([4, 1, 2, 4], 64, 64) == [1]  # sorted, once each
+    assert tree_capture_sizes(sizes, 64, 48) == []  # none fits: the width verifies eagerly
+
+
+SIZES_PROBE = r"""
+import json
+from types import SimpleNamespace
+from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig, PhaseConfig
+from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+from sglang.srt.runtime_context import get_context
+from sglang.srt.server_args import ServerArgs
+from sglang_ext.verify_runtimes import published_capture_sizes
+
+args = ServerArgs(model_path="models/tiny-code/target", device="cpu")
+get_context().set_server_args(args)
+get_context().override("test", cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend="full",
+                                                                                    bs=[1, 2, 4, 8, 16, 32, 64])))
+runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(size=64), server_args=args)
+sizes = lambda width: get_batch_sizes_to_capture(runner, width, gathered_buffer_required=False)[0]
+with published_capture_sizes([1, 2, 4]):
+    inside = sizes(64)
+print("RESULT" + json.dumps({"inside": inside, "after": sizes(16)}))
+"""
+
+
+def test_a_tree_runner_reads_the_batch_sizes_published_for_its_capture_and_the_rest_the_full_list():
+    got = child_result("-c", SIZES_PROBE)  # upstream's own reader of the batch sizes a runner captures
+    assert got == {"inside": [1, 2, 4], "after": [1, 2, 4, 8, 16, 32, 64]}
 
 
 CAPTURE_PROBE = r"""
