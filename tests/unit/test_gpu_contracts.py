@@ -149,6 +149,8 @@ SOURCES = [
     ("sglang.srt.model_executor.runner.base_cuda_graph_runner:get_batch_sizes_to_capture",
      "capture_bs = list(get_exec().graph.cuda_graph_config.decode.bs)"),
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+     "self.capture_bs, self.compile_bs = get_batch_sizes_to_capture("),
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
      "self.model_runner.graph_shared_output.get_logits_buffer("),
     ("sglang.srt.model_executor.graph_shared_output:GraphSharedOutput.get_logits_buffer",
      "assert rows <= self.max_rows"),
