@@ -117,7 +117,7 @@ def tree_graph_runner_class() -> type:
     class TreeVerifyGraphRunner(DecodeCudaGraphRunner):
         def get_spec_info(self, num_tokens: int):
             spec_info = super().get_spec_info(num_tokens)
-            spec_info.custom_mask = self.buffers.custom_mask  # its contents are replaced at every replay
+            spec_info.custom_mask = self.buffers.custom_mask  # capture plans with it; a replay, with the step's mask
             return spec_info
 
     return TreeVerifyGraphRunner
