@@ -83,6 +83,9 @@ CONFIGS = {
                                         "adaptive": {"mode": "fixed", "candidates": [16, 17], "fixed_block": 17}}},
     "adaptive-tree31": {"speculative": {"algorithm": "dflash_adaptive",
                                         "adaptive": {"mode": "fixed", "candidates": [16, 32], "fixed_block": 32}}},
+    # width 1 with trees among the candidates (cpu-tree.yaml's): what the adaptive shape pays while off on prose
+    "adaptive-w1-trees": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {
+        "mode": "fixed", "candidates": [1, 2, 4, 8, 16, 32, 64], "fixed_block": 1}}},
 }
 # the same width drafting the full block on CPU too (as on GPU): the reference prefix drafts are measured against
 FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
@@ -90,7 +93,7 @@ for _w in (4, 8):
     CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
 ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
 ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree16", "adaptive-tree31",
-             "adaptive-ragged")
+             "adaptive-ragged", "adaptive-w1-trees")
 
 
 BEFORE = "@before"
