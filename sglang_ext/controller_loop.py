@@ -218,7 +218,7 @@ class ControllerLoop:
         self._published = time.monotonic()
         cost = self.controller.cost_model
         self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
-                                  cost.block_sizes, cost.table, self.controller.tree_gain.extra(),
+                                  cost.block_sizes, cost.table, self.controller.tree_gains(),
                                   self.controller.calibration_ratios())
 
     def request_finished(self, rid: str) -> None:

@@ -62,11 +62,12 @@ Gauges:
   dflash_acceptance_probability{position} the controller's global p_j (hindsight-corrected, not censored by b).
   dflash_step_cost_seconds{batch_bucket,block_size}
                                           the active step-cost table T(B, b) the controller decides with.
-  dflash_tree_expected_extra_tokens{budget}
+  dflash_tree_expected_extra_tokens{budget,sampling}
                                           the controller's learned tokens per request-step a tree of `budget`
-                                          prefixes commits past chain B's (negative: the tree's budget misses the
-                                          chain's deep end); a tree is chosen when chain B's tokens plus this, over
-                                          its step cost, beat every other width.
+                                          prefixes commits past chain B's, for greedy and for sampled requests
+                                          (negative: the tree's budget misses the chain's deep end); a tree is
+                                          chosen when chain B's tokens plus this, over its step cost, beat every
+                                          other width.
   dflash_width_calibration{block_size,sampling}
                                           what a width's own steps accepted over what the acceptance curve predicted
                                           for them (controller/calibration.py; sampling = greedy | sampled): the
@@ -169,8 +170,10 @@ class DFlashMetrics:
         self.tree_steps = {n: tree_steps.labels(budget=str(n), **labels) for n in budgets}
         self.tree_extra = {n: tree_extra.labels(budget=str(n), **labels) for n in budgets}
         gain = gauge("dflash_tree_expected_extra_tokens",
-                     "Controller's learned tokens per request-step a tree commits past chain B's", ["budget"])
-        self.tree_gain = [gain.labels(budget=str(n), **labels) for n in budgets]
+                     "Controller's learned tokens per request-step a tree commits past chain B's",
+                     ["budget", "sampling"])
+        self.tree_gain = [[gain.labels(budget=str(n), sampling=s, **labels) for n in budgets]
+                          for s in SAMPLING_CLASSES]
         calibration = gauge("dflash_width_calibration",
                             "Accepted drafts a width's own steps got over the acceptance curve's prediction",
                             ["block_size", "sampling"])
@@ -284,12 +287,13 @@ class DFlashMetrics:
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None,
                      calibration: np.ndarray | None = None) -> None:
-        """The controller's model: global p_j, the active cost table, the trees' learned gain and the widths'
-        calibration [sampling classes, widths 2..B] (after every cost-table sync)."""
+        """The controller's model: global p_j, the active cost table, the trees' learned gain [sampling classes,
+        trees] and the widths' calibration [sampling classes, widths 2..B] (after every cost-table sync)."""
         for g, v in zip(self.p, acceptance):
             g.set(float(v))
-        for g, v in zip(self.tree_gain, () if tree_gain is None else tree_gain):
-            g.set(float(v))
+        for gauges, row in zip(self.tree_gain, () if tree_gain is None else tree_gain):
+            for g, v in zip(gauges, row):
+                g.set(float(v))
         for gauges, row in zip(self.calibration, () if calibration is None else calibration):
             for g, v in zip(gauges, row):
                 g.set(float(v))

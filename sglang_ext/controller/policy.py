@@ -42,7 +42,11 @@ batch-size bucket changes), so noise does not make it flap.
     Its expected tokens are chain B's plus the tree's learned gain over chain B (tree_gain.py: every tree step
     measures, for every narrower tree at once, its tokens less the request's expected chain-B tokens -- the
     estimate hindsight keeps exact from the committed stream, so a tree that misses the chain's deep end shows
-    the loss); its cost is its own column of the table. A batch the worker
+    the loss), one gain per prior class, as the acceptance priors and the calibration are: what a tree adds past
+    greedy code's chain says nothing about what it adds to text sampled at temperature 1 (one gain for both would
+    lift a prose request's tree of 31 from chain B's ~1.05 tokens a step to ~2.2 with the gain the CPU sweep's
+    code measured, and keep it there: prose trees are rare, the gain's evidence mostly code's); its cost is its
+    own column of the table. A batch the worker
     cannot verify as a tree (``decide(..., trees=False)``: grammars, logprobs, penalties) runs chain B instead, as
     its decision says, so the step time is chain B's. Why a gain over chain B rather than a model of the tree:
     the chain's per-request acceptance already tells which requests draft well; what the tree adds is measured.
@@ -224,7 +228,7 @@ class BlockSizeController:
         self._tree_rows = np.asarray([self._index[b] for b in self.tree_widths], dtype=np.intp)
         self._chain_cands = np.minimum(self._cands, self.max_block)  # a tree's tokens start from chain B's
         self._widest_chain = max(k for k, b in enumerate(cands) if b <= self.max_block)  # config: one exists
-        self.tree_gain = TreeGain(self.tree_widths, decay=cfg.global_decay)
+        self.tree_gain = tuple(TreeGain(self.tree_widths, decay=cfg.global_decay) for _ in range(PRIOR_CLASSES))
         cal_widths = calibrated_widths(cands, self.max_block, self.prefix_drafts)
         self.calibration = tuple(WidthCalibration(cal_widths, decay=cfg.global_decay) for _ in range(PRIOR_CLASSES))
         self._cal_rows = np.asarray([self._index[b] for b in cal_widths], dtype=np.intp)
@@ -325,7 +329,9 @@ class BlockSizeController:
         classes = _classes(sampled, bs)
         E = self.stats.expected_tokens_t(slots, self._chain_cands, classes)  # [candidates, bs]
         if self._tree_rows.size:
-            E[self._tree_rows] = np.maximum(1.0, E[self._tree_rows] + self.tree_gain.extra()[:, None])
+            gain = self.tree_gains()  # [classes, trees]
+            g = gain[0][:, None] if classes is None else gain[classes].T
+            E[self._tree_rows] = np.maximum(1.0, E[self._tree_rows] + g)
         if self._cal_rows.size:  # after the trees: a tree's gain is measured against the uncalibrated chain B
             ratio = self.calibration_ratios()  # [classes, widths]
             r = ratio[0][:, None] if classes is None else ratio[classes].T
@@ -343,7 +349,7 @@ class BlockSizeController:
         counts' per-step decay: the batch and its classes, the slot map, the acceptance and tree-gain counts (their
         ``version``), the active cost table and the current width. The arrays are read-only."""
         key = (tuple(request_ids), None if sampled is None else tuple(sampled), self.slots.generation,
-               self.stats.version, self.tree_gain.version, self._calibration_version(), self.cost_model.version,
+               self.stats.version, self._tree_gain_version(), self._calibration_version(), self.cost_model.version,
                self._cur)
         if key == self._gp_key and self.steps_decided - self._gp_step < GOODPUT_REUSE_STEPS:
             return self._gp_value
@@ -355,6 +361,14 @@ class BlockSizeController:
 
     def _calibration_version(self) -> int:
         return sum(c.version for c in self.calibration)
+
+    def _tree_gain_version(self) -> int:
+        return sum(g.version for g in self.tree_gain)
+
+    def tree_gains(self) -> np.ndarray:
+        """[PRIOR_CLASSES, tree widths] the trees' learned tokens per request-step past chain B (tree_gain.py), for
+        greedy and for sampled requests; widths in ``self.tree_widths``."""
+        return np.stack([g.extra() for g in self.tree_gain])
 
     def calibration_ratios(self) -> np.ndarray:
         """[PRIOR_CLASSES, calibrated widths] observed / predicted accepted drafts (calibration.py); widths in
@@ -657,7 +671,8 @@ class BlockSizeController:
     def observe_tree(self, width: int, request_ids: Sequence[Hashable], path: np.ndarray) -> None:
         """Feed one tree step of width ``width`` (after its ``observe_step``): ``path`` [bs, D] the walked node
         indices (-1 past the end). Every tree candidate no wider than ``width`` learns its gain over chain B: what
-        it would have committed, less the request's expected chain-B tokens (tree_gain.py)."""
+        it would have committed, less the request's expected chain-B tokens (tree_gain.py), in the request's prior
+        class."""
         if int(width) not in self.tree_widths:
             raise ValueError(f"width: {width!r} is not a tree candidate {self.tree_widths}")
         slots = self.slots.lookup(tuple(request_ids))
@@ -665,7 +680,10 @@ class BlockSizeController:
             raise ValueError("request_ids: observe_step the tree step before observe_tree (and before finish)")
         chain = self.stats.expected_tokens_t(slots, np.asarray([self.max_block]))[0]
         extra = tree_commits(path, self.tree_widths) + 1.0 - chain[:, None]
-        self.tree_gain.observe(extra, np.asarray(self.tree_widths) <= int(width))
+        observed = np.asarray(self.tree_widths) <= int(width)
+        classes = self.stats.slot_class.take(slots)  # as the tree step's observe_step set them
+        for c in np.unique(classes):
+            self.tree_gain[int(c)].observe(extra[classes == c], observed)
 
     def finish(self, request_id: Hashable) -> None:
         """Forget a finished/aborted request; its undecided hindsight blocks go to the global counts, censored."""

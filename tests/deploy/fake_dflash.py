@@ -34,7 +34,7 @@ CONTRACT = {
     "dflash_block_size": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
-    "dflash_tree_expected_extra_tokens": ("gauge", ("budget",)),
+    "dflash_tree_expected_extra_tokens": ("gauge", ("budget", "sampling")),
     "dflash_width_calibration": ("gauge", ("block_size", "sampling")),
     "dflash_step_cost_seconds": ("gauge", ("batch_bucket", "block_size")),
     "dflash_step_seconds": ("histogram", ("block_size",)),
@@ -98,7 +98,8 @@ class FakeDFlash:
         tree = b > 16  # a width above the drafter's block verifies a tree of b - 1 prefixes
         m["dflash_tree_steps_total"].labels(**lab, budget="31").inc(tree)
         m["dflash_tree_extra_tokens_total"].labels(**lab, budget="31").inc(self.rng.randint(0, batch) if tree else 0)
-        m["dflash_tree_expected_extra_tokens"].labels(**lab, budget="31").set(0.3 + 0.1 * math.sin(t))
+        m["dflash_tree_expected_extra_tokens"].labels(**lab, budget="31", sampling="greedy").set(
+            0.3 + 0.1 * math.sin(t))
         for b in (2, 4, 8):
             m["dflash_width_calibration"].labels(**lab, block_size=str(b), sampling="greedy").set(
                 1.0 + 0.05 * math.sin(t + b))

@@ -266,12 +266,14 @@ def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain_and_teach_e
     assert reg.get_sample_value("dflash_tree_steps_total", labels) == 1
     assert reg.get_sample_value("dflash_tree_extra_tokens_total", labels) == 2
     assert reg.get_sample_value("dflash_draft_tokens_total", {"model_name": "m"}) == 2 * 31
-    gain = lp.controller.tree_gain
+    gain = lp.controller.tree_gain[0]  # greedy requests
     assert gain.steps.tolist() == [1, 1]  # both tree widths measured by one step of the wider
     # width 20 would have accepted 2 (a) and 3 (b), width 32 3 and 3: one token more over 2 request-steps, against
     # the same expected chain tokens, shrunk by the prior of 8 request-steps
     assert gain.extra()[1] - gain.extra()[0] == pytest.approx(1 / 10)
-    assert reg.get_sample_value("dflash_tree_expected_extra_tokens", labels) == pytest.approx(gain.extra()[1])
+    assert reg.get_sample_value("dflash_tree_expected_extra_tokens",
+                                {**labels, "sampling": "greedy"}) == pytest.approx(gain.extra()[1])
+    assert reg.get_sample_value("dflash_tree_expected_extra_tokens", {**labels, "sampling": "sampled"}) == 0
 
 
 def _committed_exposition(values: list[int], bulk: bool, tmp_path=None) -> dict:

@@ -565,7 +565,7 @@ def test_a_tree_is_chosen_only_for_the_tokens_it_was_measured_to_add_over_the_ch
     path = np.array([list(range(9)) + [-1] * 6] * 2)
     for _ in range(40):
         ctrl.observe_tree(32, ids, path)
-    assert ctrl.tree_gain.extra()[0] == pytest.approx(3.0, rel=0.15)
+    assert ctrl.tree_gains()[0, 0] == pytest.approx(3.0, rel=0.15)  # greedy requests' gain
     good, tokens = ctrl.goodput(ids)
     assert tokens[2] > tokens[1] * 1.3 and good[2] > good[1]
     assert [ctrl.decide(ids).block_size for _ in range(3)] == [32, 32, 32]
@@ -586,8 +586,30 @@ def test_a_tree_that_misses_the_chains_deep_end_learns_a_loss_and_is_dropped() -
     path = np.array([[0, 1] + [-1] * 13])
     for _ in range(40):
         ctrl.observe_tree(32, ids, path)
-    assert ctrl.tree_gain.extra()[0] < -3.0
+    assert ctrl.tree_gains()[0, 0] < -3.0
     assert ctrl.decide(ids).block_size == 16
+
+
+def test_a_trees_gain_is_learned_per_prior_class_greedy_code_does_not_lend_it_to_sampled_requests() -> None:
+    """Tree steps of greedy requests that commit 3 tokens past chain 16 make the tree the greedy requests' choice;
+    sampled requests, whose chain acceptance is as high, keep chain 16: no tree step of theirs has measured a gain
+    (tree gains are kept per prior class, as acceptance priors and calibration are)."""
+    ctrl = tree_controller(extra_cost=0.1)
+    greedy, sampled = ["g1", "g2"], ["s1", "s2"]
+    for _ in range(30):
+        feed(ctrl, greedy, np.array([6, 6]), 16, sampled=[False, False])
+        feed(ctrl, sampled, np.array([6, 6]), 16, sampled=[True, True])
+    path = np.array([list(range(9)) + [-1] * 6] * 2)
+    for _ in range(40):
+        ctrl.observe_tree(32, greedy, path)
+    gains = ctrl.tree_gains()
+    assert gains[0, 0] == pytest.approx(3.0, rel=0.15) and gains[1, 0] == 0.0
+    assert ctrl.decide(greedy, sampled=[False, False]).block_size == 32
+    assert ctrl.decide(sampled, sampled=[True, True]).block_size == 16
+    for _ in range(40):  # the sampled requests' own tree steps teach their class
+        ctrl.observe_tree(32, sampled, path)
+    assert ctrl.tree_gains()[1, 0] == pytest.approx(3.0, rel=0.15)
+    assert ctrl.decide(sampled, sampled=[True, True]).block_size == 32
 
 
 def _width1_run(fast: bool) -> BlockSizeController:
