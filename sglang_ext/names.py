@@ -42,9 +42,9 @@ FULL_DRAFTS = "DFLASH_SERVE_FULL_DRAFTS"
 2): the reference prefix drafts are measured against (benchmarks/step_profile.py, the sweep's variants)."""
 GPU_TREES = "DFLASH_SERVE_GPU_TREES"
 """'1': tree widths (DDTree, candidates above the drafter's block) are served on GPU, which verifies them on
-FlashInfer or Triton from a verify CUDA graph per tree width (verify_runtimes.py). Refused without it until the GPU suite (tests/gpu/test_gpu_serving.py) has
-passed on a GPU: the GPU tree path is built and pinned to upstream's source but has not served on one yet. Read
-by the preflight and the worker."""
+FlashInfer or Triton from a verify CUDA graph per tree width (verify_runtimes.py). Refused without it until the GPU
+suite (tests/gpu/test_gpu_serving.py) has passed on a GPU: the GPU tree path is built and pinned to upstream's
+source but has not served on one yet. Read by the preflight and the worker."""
 
 # Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
 SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"

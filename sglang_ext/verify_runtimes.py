@@ -16,16 +16,17 @@ buffer (``TreeVerifyGraphRunner``): upstream captures DFLASH verify on FlashInfe
 causal path expresses a chain), and a graph captured so would attend causally over a tree. Captured with the mask,
 FlashInfer builds the width's verify wrappers around its custom-mask buffer and re-plans every replay with the
 step's ``DFlashVerifyInput.custom_mask`` (with plan()'s host reads: the sync-free fast plan is installed only for
-maskless DFLASH graphs);
-Triton copies the step's mask into its verify-mask buffer every replay; padded requests get upstream's all-ones
-padding. Only the backends in TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the worker refuses trees
-on any other at start-up. A tree's graphs stop at the batch sizes whose rows fit SGLang's shared logits buffer
-(``tree_capture_sizes``); a larger tree batch verifies eagerly on the same backend, with the same mask.
+maskless DFLASH graphs); Triton copies the step's mask into its verify-mask buffer every replay; padded requests get
+upstream's all-ones padding. Only the backends in TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the
+worker refuses trees on any other at start-up. A tree's graphs stop at the batch sizes whose rows fit SGLang's
+shared logits buffer (``tree_capture_sizes``); a larger tree batch verifies eagerly on the tree width's backend,
+with the same mask.
 
 On CPU (and with graphs disabled) one eager backend serves every width: the CPU layer's attention derives the width
 from the query rows, so there is nothing to build and activation is a no-op. Capture runs only on a GPU; CI runs
 the tree runner's capture input against upstream's (tests/unit/test_verify_runtimes.py), and
-tests/unit/test_gpu_contracts.py pins every upstream name, signature and behaviour used here to the installed SGLang.
+tests/unit/test_gpu_contracts.py pins every upstream name, signature and behaviour used here to the installed
+SGLang.
 
 The draft side needs nothing per width: the worker always drafts the full trained block with upstream's draft
 runner, FlashInfer non-causal draft attention and draft CUDA graph.
