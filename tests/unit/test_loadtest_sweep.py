@@ -19,7 +19,13 @@ def test_shipped_configurations_validate_with_absolute_paths():
     assert overrides["dflash-b4"] == {"speculative": {"algorithm": "dflash", "block_size": 4}}
     assert baseline == "no-spec"
     assert list(configs) == ["no-spec", "dflash-b4", "dflash-b8", "dflash-b16", "dflash-adaptive",
-                             "dflash-adaptive-ragged"]
+                             "dflash-adaptive-ragged", "dflash-tree16", "dflash-tree31", "dflash-tree63",
+                             "dflash-adaptive-shape"]
+    # a tree of N draft prefixes is held at verify width N + 1; the adaptive shape chooses among chains and trees
+    for n in (16, 31, 63):
+        adaptive = configs[f"dflash-tree{n}"]["speculative"]["adaptive"]
+        assert (adaptive["mode"], adaptive["fixed_block"]) == ("fixed", n + 1)
+    assert configs["dflash-adaptive-shape"]["speculative"]["adaptive"]["candidates"] == [1, 2, 4, 8, 16, 32, 64]
     assert overrides["dflash-adaptive"] == {"speculative": {"algorithm": "dflash_adaptive", "block_size": None}}
     assert configs["dflash-adaptive-ragged"]["speculative"]["adaptive"]["per_request_widths"] is True
     assert configs["no-spec"]["speculative"]["algorithm"] == "none"
