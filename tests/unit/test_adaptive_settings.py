@@ -151,7 +151,7 @@ def test_dashboard_contract_is_what_the_worker_exports():
 
     reg = CollectorRegistry()
     DFlashMetrics("m", 16, (1, 2, 4, 8, 16, 32), registry=reg, calibrated=(2, 4, 8)).record_model(
-        np.zeros(15), [1], [1], np.ones((1, 1)), np.zeros(1), np.ones((2, 3)))
+        np.zeros(15), [1], [1], np.ones((1, 1)), np.zeros((2, 1)), np.ones((2, 3)))
     exported = {}
     for family in reg.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
