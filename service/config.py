@@ -45,18 +45,19 @@ class Device(str, Enum):
 
 
 class ModelConfig(_Strict):
-    path: ConfigPath = Field(description="Directory of the target model (HF format).")
-    tokenizer: ConfigPath | None = Field(None, description="Tokenizer directory; defaults to the model's.")
+    path: ConfigPath = Field(description="Target model directory (Hugging Face format).")
+    tokenizer: ConfigPath | None = Field(None, description="Tokenizer directory; default: the model's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weights/activations dtype; float32 gives bit-exact greedy comparisons on CPU.")
-    served_name: str | None = Field(None, description="Model name clients send; defaults to the path.")
-    context_length: int | None = Field(None, gt=0, description="Override the model's context length.")
+        "auto", description="Weights/activations dtype; on CPU float32 is faster (no AMX) and bit-exact.")
+    served_name: str | None = Field(
+        None, description="Model name clients send and /v1/models lists; default: the path.")
+    context_length: int | None = Field(None, gt=0, description="Override the model's context length; default: the model's.")
 
 
 class ServerConfig(_Strict):
     host: str = Field("127.0.0.1", description="Bind address; loopback unless you mean to expose it.")
-    port: int = Field(30000, ge=1, le=65535)
-    device: Device = Device.cpu
+    port: int = Field(30000, ge=1, le=65535, description="Port; a port in use is refused before start.")
+    device: Device = Field(Device.cpu, description="cpu (activates the CPU layer) or cuda.")
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key itself).")
     metrics: bool = Field(True, description="Expose Prometheus metrics on /metrics.")
@@ -68,8 +69,9 @@ class ServerConfig(_Strict):
         None, min_length=1, description="CPU cores (ids) the server runs on, and its `auto` thread count counts; "
                                         "default: all this process may use. `dflash-serve fleet` gives each replica "
                                         "its share.")
-    max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens.")
-    max_running_requests: int | None = Field(None, gt=0)
+    max_total_tokens: int | None = Field(None, gt=0, description="KV cache size in tokens; default: SGLang's.")
+    max_running_requests: int | None = Field(
+        None, gt=0, description="Concurrent requests in the decode batch; default: SGLang's.")
     max_request_bytes: int | None = Field(
         DEFAULT_MAX_REQUEST_BYTES, gt=0, description="Largest request body accepted (413 above it); null: no limit. "
                                            "Bounds the CPU a single request can spend in tokenization.")
@@ -122,12 +124,16 @@ def _controller_fields() -> dict[str, Any]:
 
 
 class _AdaptiveExtras(_Strict):
-    """speculative.adaptive: the block-size controller of dflash_adaptive. Every field of
-    sglang_ext/controller/config.py ControllerConfig (documented there; the defaults are the tested ones), plus:"""
+    """speculative.adaptive: the block-size controller of dflash_adaptive (docs/ADAPTIVE.md). Every field of
+    sglang_ext/controller/config.py ControllerConfig (documented there; the defaults are the tested ones), plus
+    cost_profile and learn_costs."""
 
     cost_profile: ConfigPath | None = Field(
-        None, description="Step-cost profile JSON (measured table or roofline); default: packaged H200 roofline.")
-    learn_costs: bool = Field(True, description="Refine the cost table from measured step times.")
+        None, description="Step-cost profile JSON: a measured table {batch_buckets, block_sizes, seconds} (e.g. "
+                          "written by benchmarks/adaptive_throughput.py) or a roofline description; default: the "
+                          "packaged H200 roofline.")
+    learn_costs: bool = Field(
+        True, description="Refine the cost table online from measured step times (off: the profile is the truth).")
     _settings: AdaptiveSettings = PrivateAttr()
 
     @model_validator(mode="after")
@@ -188,13 +194,15 @@ class RouterConfig(_Strict):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Other sglang-router arguments by flag name without dashes (e.g. cache_threshold: 0.3); "
-                    "validated against its parser.")
+                    "validated against its parser. The fleet's own defaults (health checks every 10 s, circuit "
+                    "breaker after 3 failures, 20-s re-trial, log level warn) yield to them.")
 
 
 class FleetConfig(_Strict):
     """fleet: `dflash-serve fleet` runs `replicas` servers of this config behind the router on server.port."""
 
-    replicas: int = Field(2, ge=1, le=64, description="Servers behind the router (`--replicas` overrides).")
+    replicas: int = Field(2, ge=1, le=64, description="Servers behind the router (`--replicas` overrides); on CPU at "
+                                                     "most one per core.")
     replica_base_port: int | None = Field(
         None, ge=1, le=65535, description="Replica i listens on replica_base_port + i; default server.port + 1.")
     gpus: list[int] | None = Field(
@@ -207,19 +215,20 @@ class FleetConfig(_Strict):
         None, description="Write the replicas as a Prometheus file_sd targets file here (compose mounts it into "
                           "Prometheus, which re-reads it on change).")
     startup_timeout_seconds: float = Field(
-        1800, gt=0, description="How long a replica may take to become healthy before the fleet gives up.")
-    router: RouterConfig = RouterConfig()
+        1800, gt=0, description="How long a replica may take to become healthy before the fleet gives up (exit 1).")
+    router: RouterConfig = Field(RouterConfig(), description="SGLang's router in front of the replicas.")
 
 
 class ServeConfig(_Strict):
-    model: ModelConfig
-    server: ServerConfig = ServerConfig()
-    speculative: SpeculativeConfig = SpeculativeConfig()
-    fleet: FleetConfig = FleetConfig()
+    model: ModelConfig = Field(description="The target model.")
+    server: ServerConfig = Field(ServerConfig(), description="The HTTP server.")
+    speculative: SpeculativeConfig = Field(SpeculativeConfig(), description="Speculative decoding.")
+    fleet: FleetConfig = Field(FleetConfig(), description="`dflash-serve fleet`: replicas behind a router.")
     sglang_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Other `sglang serve` arguments by their flag name without dashes "
-                    "(e.g. chunked_prefill_size: 512); validated against SGLang's parser.")
+                    "(e.g. chunked_prefill_size: 512, log_requests: true); validated against SGLang's parser, "
+                    "so typos fail at load time.")
 
 
 def _format(err: ValidationError) -> str:
@@ -230,7 +239,7 @@ def _format(err: ValidationError) -> str:
     if sep and head.isidentifier():  # a nested validator naming its field ("hysteresis: must be ...")
         loc, msg = f"{loc}.{head}", rest
     if first["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; see the config reference in README.md)"
+        msg = "unknown key (check the spelling; see the config reference in docs/CONFIG.md)"
     elif first["type"] == "missing":
         msg = "required field is missing"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""

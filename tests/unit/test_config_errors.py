@@ -208,7 +208,7 @@ def test_dflash_adaptive_launches_the_plugin_algorithm(tmp_path, tiny_pair):
 def test_cli_reports_one_line_and_exit_code_2(tmp_path):
     r = cli("check", "-c", str(write(tmp_path, {"model": {"path": "x"}, "bogus": 1})))
     assert r.returncode == 2
-    assert r.stderr.strip() == "dflash-serve: error: bogus: unknown key (check the spelling; see the config reference in README.md)"
+    assert r.stderr.strip() == "dflash-serve: error: bogus: unknown key (check the spelling; see the config reference in docs/CONFIG.md)"
 
 
 def test_sglang_args_are_checked_against_sglangs_parser(tmp_path, tiny_pair):
