@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multi-node tensor parallelism: this node's rank (the config sets sglang_args.nnodes)")
     s.set_defaults(func=_serve)
     f = sub.add_parser("fleet", help="run replicas of the config behind SGLang's router (sglang-router)")
-    f.add_argument("--config", "-c", required=True, help="YAML config; its `fleet` section (README: Scaling out)")
+    f.add_argument("--config", "-c", required=True, help="YAML config; its `fleet` section (docs/DEPLOYMENT.md: Fleet)")
     f.add_argument("--replicas", "-n", type=int, default=None, help="number of replicas (default: fleet.replicas)")
     f.add_argument("--port", "-p", type=int, default=None, help="the router's port (default: server.port)")
     f.add_argument("--dry-run", action="store_true", help="print the router and replica plan and exit")

@@ -52,7 +52,7 @@ def test_the_key_is_not_in_logs_or_command_lines(keyed_server):
 
 
 def test_health_and_metrics_stay_open_for_probes_and_scrapers(keyed_server):
-    """Documented policy (README, Security): liveness probes and Prometheus need no key."""
+    """Documented policy (docs/SECURITY.md): liveness probes and Prometheus need no key."""
     for path in ("/health", "/metrics"):
         with urllib.request.urlopen(f"{keyed_server.url}{path}", timeout=30) as r:
             assert r.status == 200

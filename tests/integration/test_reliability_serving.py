@@ -32,7 +32,7 @@ CONTEXT = 512          # short context: a request without max_tokens reaches it 
 MARKER = "zq-canary-7d41b9"  # in prompts only: must never appear in the server log
 N_DISCONNECTS = int(os.environ.get("DFLASH_RELIABILITY_DISCONNECTS", "40"))
 FUZZ_EXAMPLES = int(os.environ.get("DFLASH_RELIABILITY_FUZZ_EXAMPLES", "20"))
-OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # documented: no key (README, Security)
+OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # documented: no key (docs/SECURITY.md)
 
 
 @pytest.fixture(scope="module")

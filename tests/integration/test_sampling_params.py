@@ -1,5 +1,5 @@
 """Every sampling parameter SGLang accepts is served by DFlash exactly as plain decoding serves it, or refused with a
-400 naming it (README "Sampling parameters under DFlash"). Greedy identity token for token, through real servers:
+400 naming it (docs/SAMPLING.md). Greedy identity token for token, through real servers:
 the plain target, upstream DFLASH (fixed block 16) and DFLASH_ADAPTIVE in cycle mode (every width in turn, so rows
 of every position are exercised)."""
 from __future__ import annotations
