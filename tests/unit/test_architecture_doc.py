@@ -1,5 +1,5 @@
 """docs/ARCHITECTURE.md stays the true map: every file it names exists, every section the code cites exists, and
-every SGLang patch module is in its table."""
+every SGLang patch module has its entry in §5."""
 from __future__ import annotations
 
 import re
@@ -40,6 +40,6 @@ def test_every_cited_section_exists():
 def test_every_patch_module_is_in_the_table():
     from sglang_ext import patches
 
-    table = DOC[DOC.index("## §5"):DOC.index("## §6")]
+    section = DOC[DOC.index("## §5"):DOC.index("## §6")]
     for name, _ in patches.ALL_DEVICES + patches.CPU_ONLY:
-        assert f"| `{name}`" in table, name
+        assert f"\n- **`{name}`**" in section, name
