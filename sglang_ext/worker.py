@@ -57,7 +57,7 @@ from sglang.srt.layers.sampler import sampling_from_probs_torch
 from sglang.srt.runtime_context import get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from sglang_ext import names, verify_rows
+from sglang_ext import names, refusals, verify_rows
 from sglang_ext.controller.policy import Decision, calibrated_widths
 from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.cpu.attention import RaggedBlock
@@ -156,9 +156,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         self._verify_runtimes = VerifyRuntimes.eager(self.model_runner)
         self._trees = self._checked_trees(settings, int(group.world_size))
         self._ragged = settings.controller.per_request_widths  # checked per step only when on (_ragged_serves)
-        if self._ragged and torch.device(self.device).type != "cpu":
-            raise ValueError("DFLASH_ADAPTIVE speculative.adaptive.per_request_widths runs on CPU only in this "
-                             "release (GPU verify graphs are per width): set it false")
+        why = refusals.per_request_widths_refusal(torch.device(self.device).type) if self._ragged else None
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: {why}")
         self._deferred: list[DeferredAppend] = []
         self._deferred_rids: list[str] = []  # the batch the deferred appends were taken from
         self._defer_width1_append = os.environ.get(names.EAGER_APPEND) != "1"
@@ -187,17 +187,10 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def _checked_trees(self, settings: AdaptiveSettings, tp_size: int) -> bool:
         """Whether any candidate width verifies a tree; refused where trees are not built (the preflight's rule)."""
         widths = settings.controller.tree_widths(self.max_block)
-        if not widths:
-            return False
-        fix = f"use candidate widths up to the drafter's block {self.max_block}"
-        if torch.device(self.device).type != "cpu" and os.environ.get(names.GPU_TREES) != "1":
-            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
-                             f"which has not served on a GPU yet (set {names.GPU_TREES}=1 to run it, as the GPU "
-                             f"suite does); {fix}")
-        if tp_size != 1:
-            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {list(widths)} verify a tree, "
-                             f"which needs tensor parallel size 1 (the draft marginals read the whole LM head); {fix}")
-        return True
+        why = refusals.tree_refusal(torch.device(self.device).type, tp_size) if widths else None
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(widths, self.max_block, why)}")
+        return bool(widths)
 
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
@@ -221,8 +214,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             why = tree_verify_refusal(self.model_runner)
             if why is not None:
                 trees = [b for b in self.loop.candidates if b > self.max_block]
-                raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.candidates: widths {trees} verify a tree, "
-                                 f"which {why}; use candidate widths up to the drafter's block {self.max_block}")
+                raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, why)}")
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()  # the draft graphs (full block) and upstream's start-up state
