@@ -63,7 +63,7 @@ from sglang_ext.controller_loop import ControllerLoop, LaunchedStep
 from sglang_ext.cpu.attention import RaggedBlock
 from sglang_ext.patches.cpu_layer import RAGGED_ATTR
 from sglang_ext.patches.verify_sampling import ORCHESTRATOR
-from sglang_ext.settings import AdaptiveSettings
+from sglang_ext.settings import AdaptiveSettings, adaptive_settings
 from sglang_ext.tree.build import build_trees
 from sglang_ext.tree.commit import window_order
 from sglang_ext.tree.marginals import top_log_probs
@@ -131,7 +131,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self._refuse_unsupported()
         self.max_block = int(self.block_size)  # the trained block B; self.block_size is upstream's and stays B
-        settings = AdaptiveSettings.from_env()  # built and validated by the launcher; read once, here
+        settings = adaptive_settings()  # built and validated by the launcher
         parallel = upstream.get_parallel()
         rank, group = int(parallel.tp_rank), parallel.tp_group
         # see the module docstring, step 2
