@@ -1,6 +1,6 @@
 """Preflight: is the target servable, and does the drafter fit it? Fails fast, naming the field.
 
-Runs before SGLang starts (which takes 30 s+ and then fails with a deep traceback, or --
+Runs before SGLang starts (which takes tens of seconds and then fails with a deep traceback, or --
 for some mismatches -- silently: DFlash's weight loader ignores unknown tensor names).
 Reads only config.json files and the safetensors header; imports neither torch nor sglang.
 """

@@ -116,7 +116,7 @@ def tree_capture_sizes(batch_sizes: list[int], width: int, logits_rows: int) -> 
     """The decode graph batch sizes a tree of ``width`` verify tokens is captured at: those whose rows fit SGLang's
     shared logits buffer (``logits_rows``), which every verify graph writes and which is sized for the published
     width B at the largest batch size. A tree is wider than B, so its graphs stop at a smaller batch; a larger tree
-    batch verifies eagerly. Trees pay at small batches only (README, DDTree), so that costs little, where growing
+    batch verifies eagerly. Trees pay at small batches only (docs/DDTREE.md), so that costs little, where growing
     the buffer would cost max_bs x width x vocab x 4 bytes (10 GB at 256 x 64 x Qwen3's vocabulary)."""
     return sorted(bs for bs in set(batch_sizes) if bs * width <= logits_rows)
 
