@@ -4,14 +4,19 @@ verifies [anchor, d_1 .. d_{b-1}] in the first b slots of the window, upstream's
 committed tokens' features appended to the draft KV. The controller's probes draft the full block at any b < B."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sglang_ext.controller_loop import LaunchedStep
 from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.draft import draft_forward
 from sglang_ext.steps.verify import verify_chain
 from sglang_ext.steps.window import block_window
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
 
-def decode_chain(ctx: StepContext):
+
+def decode_chain(ctx: StepContext) -> GenerationBatchResult:
     w, bs, b, B = ctx.worker, ctx.bs, ctx.decision.block_size, ctx.worker.max_block
     w.draft_kv.flush()  # the draft reads its KV: it must hold every committed token
     window = block_window(ctx)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
 import torch
@@ -97,7 +98,7 @@ def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k:
             hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, width - 1))
 
 
-def marginals(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def marginals(hidden: torch.Tensor, lm_head: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's top-``k`` log-probabilities and tokens at every drafted position ([bs, D, k] each, sorted
     descending): the same LM head the greedy draft takes its argmax from (tensor parallel 1: refused otherwise at
     start-up), over the vocabulary without its padding rows."""

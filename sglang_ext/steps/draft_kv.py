@@ -70,6 +70,7 @@ class DraftKV:
             self._rids = rids
 
     def end_width1_step(self) -> None:
+        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps are pending (bounds the features held)."""
         if len(self._pending) >= DEFERRED_APPEND_STEPS:
             self.flush()
 

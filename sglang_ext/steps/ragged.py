@@ -5,7 +5,7 @@ padded candidate is -1, which no argmax equals, so request i accepts at most wid
 the target's token at a row it verified."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
 import torch
@@ -19,8 +19,11 @@ from sglang_ext.steps.tree import tree_serves
 from sglang_ext.steps.verify import published, step_result, target_hidden, verify_forward
 from sglang_ext.steps.window import block_window
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
 
-def ragged_serves(worker: Any, batch) -> bool:
+
+def ragged_serves(worker: Any, batch: Any) -> bool:
     """Whether this batch's step may verify a width per request: on CPU (the torch attention reads the ragged
     layout; GPU verify graphs are per width), and a greedy batch with nothing applied to the verify logits
     (upstream's own test for skipping them, and ours for penalties) -- its accept is then an argmax per row."""
@@ -28,7 +31,7 @@ def ragged_serves(worker: Any, batch) -> bool:
             and worker._can_skip_verify_logits(batch, batch.sampling_info))
 
 
-def decode_ragged(ctx: StepContext):
+def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
     w, bs = ctx.worker, ctx.bs
     w.draft_kv.flush()  # the draft reads its KV: it must hold every committed token
     W = int(ctx.decision.block_size)

@@ -7,6 +7,8 @@ window's req_to_token entries reordered so the committed path's KV sits at the c
 controller, which learns from it what every narrower tree would have committed (controller/tree_gain.py)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import sglang.srt.speculative.dflash_utils as dflash_utils
 import sglang.srt.speculative.dflash_worker_v2 as upstream
 import torch
@@ -25,11 +27,14 @@ from sglang_ext.tree.mask import ancestor_mask, packed
 from sglang_ext.tree.mask import positions as tree_positions
 from sglang_ext.tree.walk import walk
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
+
 # a tree step's top-k per drafted position: k = budget keeps build_trees exact (any tree shape) up to this
 TREE_TOP_K = 16
 
 
-def tree_serves(batch) -> bool:
+def tree_serves(batch: Any) -> bool:
     """Whether this batch's step may verify a tree: nothing in it depends on the candidates being one chain --
     grammars (a chain's token tree), logprobs (reported per chain row), per-row penalties (replayed along the
     chain), custom logit processors and sampling masks. Such a batch verifies the chain this step."""
@@ -42,7 +47,7 @@ def tree_serves(batch) -> bool:
                 or verify_rows.active_penalizers(getattr(si, ORCHESTRATOR, None)))
 
 
-def decode_tree(ctx: StepContext):
+def decode_tree(ctx: StepContext) -> GenerationBatchResult:
     w, batch, bs = ctx.worker, ctx.batch, ctx.bs
     w.draft_kv.flush()
     n, B = ctx.decision.block_size, w.max_block

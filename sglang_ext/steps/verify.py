@@ -1,7 +1,7 @@
 """The target's verify forward of a decode step, and what every step kind hands SGLang after its accept."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
 import torch
@@ -11,6 +11,9 @@ from sglang_ext.patches.cpu_layer import RAGGED_ATTR
 from sglang_ext.steps.accept import accept_chain, accept_width1
 from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.window import StepWindow, host_kv_bound
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
 
 
 def verify_forward(ctx: StepContext, window: StepWindow, cand: torch.Tensor, positions: torch.Tensor,
@@ -66,7 +69,8 @@ def verify_forward(ctx: StepContext, window: StepWindow, cand: torch.Tensor, pos
     return target_out, target_predict
 
 
-def verify_chain(ctx: StepContext, window: StepWindow, cand: torch.Tensor, b: int, defer_append: bool = False):
+def verify_chain(ctx: StepContext, window: StepWindow, cand: torch.Tensor, b: int,
+                 defer_append: bool = False) -> GenerationBatchResult:
     """Target verify of [bs, b] chain candidates, accept, and the draft-KV append (upstream's, at width b; kept for
     a batched pass when ``defer_append``, width 1 only: one committed token per request) -> SGLang's result."""
     w, batch, bs = ctx.worker, ctx.batch, ctx.bs
@@ -106,15 +110,15 @@ def published(ctx: StepContext, prefix_lens: torch.Tensor, commit_lens: torch.Te
     return new_seq_lens
 
 
-def target_hidden(logits_output) -> torch.Tensor:
+def target_hidden(logits_output: Any) -> torch.Tensor:
     hidden = logits_output.hidden_states
     if hidden is None:
         raise RuntimeError("DFLASH verify requires target hidden states, but got None.")
     return hidden
 
 
-def step_result(ctx: StepContext, target_out, out_tokens: torch.Tensor, commit_lens: torch.Tensor,
-                bonus: torch.Tensor, new_seq_lens: torch.Tensor, stride: int):
+def step_result(ctx: StepContext, target_out: Any, out_tokens: torch.Tensor, commit_lens: torch.Tensor,
+                bonus: torch.Tensor, new_seq_lens: torch.Tensor, stride: int) -> GenerationBatchResult:
     """The step's result for the scheduler: ``out_tokens`` [bs, stride] (its row stride of next_token_ids),
     each row's first commit_lens[i] committed."""
     return upstream.GenerationBatchResult(

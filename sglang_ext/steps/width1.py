@@ -2,13 +2,18 @@
 step -- and defer the draft-KV append (draft_kv.DraftKV)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sglang_ext.controller_loop import LaunchedStep
 from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.verify import verify_chain
 from sglang_ext.steps.window import width1_window
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
 
-def decode_width1(ctx: StepContext):
+
+def decode_width1(ctx: StepContext) -> GenerationBatchResult:
     w, bs = ctx.worker, ctx.bs
     w.draft_kv.start_width1_step(ctx.rids)
     window = width1_window(ctx)
