@@ -50,14 +50,14 @@ from sglang_ext import names  # noqa: E402
 # (phase, frame-name markers): a sample goes to the first phase with a marker on its stack, so nested phases
 # (the target forward inside the worker's verify, the sampler inside the forward) come before their callers
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tree build/walk", ("tree/build.py", "tree/mask.py", "tree/walk.py", "tree/commit.py", "._marginals",
-                         "._tree_choice")),
-    ("draft forward", ("AdaptiveDFlashWorker._draft", "DFlashWorkerV2._run_draft", "DFlashWorkerV2._draft")),
-    ("draft-KV append", ("_append_target_hidden_to_draft_kv", "_flush_deferred_append")),
-    ("accept/sample", ("_accept_block", "Sampler.forward", "_accept_width1")),
+    ("tree build/walk", ("tree/build.py", "tree/mask.py", "tree/walk.py", "tree/commit.py", "marginals",
+                         "tree_choice")),
+    ("draft forward", ("draft_forward", "DFlashWorkerV2._run_draft", "DFlashWorkerV2._draft")),
+    ("draft-KV append", ("_append_target_hidden_to_draft_kv", "DraftKV.flush")),
+    ("accept/sample", ("_accept_block", "Sampler.forward", "accept_width1")),
     ("verify/decode forward", ("TpModelWorker.forward_batch_generation",)),
-    ("window/prepare", ("_plan_window", "prepare_for_verify", "prepare_for_decode", "_prepare_dflash_draft_block",
-                        "_width1_window")),
+    ("window/prepare", ("block_window", "prepare_for_verify", "prepare_for_decode", "_prepare_dflash_draft_block",
+                        "width1_window", "wide_window")),
     ("controller+metrics", ("ControllerLoop.", "DFlashMetrics.", "BlockSizeController.")),
     ("result processing", ("Scheduler.process_batch_result",)),
     ("scheduler other", ("Scheduler.",)),

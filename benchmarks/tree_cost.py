@@ -1,7 +1,7 @@
 """What DDTree's per-step tensor logic costs on this machine, for a batch, at the loads and budgets the worker
 serves: the marginals (tree/marginals.py: top-K of the drafter's logits and their normalisation, after the LM head
 every draft pays),
-tree construction, ancestor mask, accept walk and the window's reorder (sglang_ext/tree/, worker.py _marginals).
+tree construction, ancestor mask, accept walk and the window's reorder (sglang_ext/tree/, steps/draft.py marginals).
 
 Random logits of the bundled pair's shape (15 draft positions after the anchor, its vocabulary), K = min(budget,
 16) as the worker uses, one torch thread (what the CPU server runs with at server.cpu_threads auto on 2 cores).
@@ -67,7 +67,7 @@ def first_child_choice(trees: Trees) -> torch.Tensor:
 
 
 def tree_step(logits: torch.Tensor, n: int, k: int) -> dict[str, torch.Tensor]:
-    """A tree step's own tensor logic, as worker._decode_tree runs it: marginals, the ``n`` best prefixes, the
+    """A tree step's own tensor logic, as steps/tree.py decode_tree runs it: marginals, the ``n`` best prefixes, the
     ancestor mask and positions, the walk of a target that picks every node's first child, the window's order.
     ``logits`` [bs, D, V]: the drafter's logits at the D drafted positions."""
     bs, depth, _ = logits.shape

@@ -1,6 +1,6 @@
 """Rebuild the bundled model pair from scratch: target, regenerated data, drafter, model card.
 
-    python -m dflash_models.build models/tiny-code            # or: dflash-serve build-models models/tiny-code
+    python -m dflash_models.build models/tiny-code            # from a checkout: it needs the dev harness
     python -m dflash_models.build models/tiny-code --skip-target   # keep the target, retrain the drafter
 
 Two torch threads by default (`--threads`, 1 on a shared machine); every stage prints progress lines with step, loss,
@@ -97,8 +97,8 @@ def write_card(out_dir: str | Path, acceptance: Path | None = ACCEPTANCE_RESULTS
         "## Rebuild",
         "",
         "```bash",
-        f"dflash-serve build-models {out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir}"
-        "     # = python -m dflash_models.build",
+        f"python -m dflash_models.build {out_dir.relative_to(REPO) if out_dir.is_relative_to(REPO) else out_dir}"
+        "     # from a checkout",
         "python benchmarks/acceptance.py                # acceptance and speedup through real servers",
         "```",
         "",

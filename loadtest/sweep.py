@@ -15,7 +15,7 @@ gevent patching breaks SGLang, so never in this process), wait until the server 
 workload's results go to OUT/<workload>/ and are rewritten after every point, so an interrupted sweep keeps its
 data. With --interleave every configuration's server starts first and each (workload, users) point is measured
 for every configuration in turn, the order reversed on every other point: ratios between configurations are then
-taken seconds apart, not a configuration's block of points apart (this machine drifts by 10-20 % over minutes).
+taken seconds apart, not a configuration's block of points apart (a shared machine's speed drifts over minutes).
 """
 from __future__ import annotations
 
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each point")
     p.add_argument("--interleave", action="store_true",
                    help="start every configuration's server at once and measure each point for all of them in "
-                        "turn (side by side: this machine drifts by 10-20 %% over minutes) instead of one "
+                        "turn (side by side: a shared machine's speed drifts over minutes) instead of one "
                         "configuration's points after another's; needs memory for every server at once")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--workloads", nargs="+", metavar="NAME",

@@ -47,9 +47,10 @@ def _check(a: argparse.Namespace) -> int:
     return 0
 
 
-# Training is dev tooling (dflash_models regenerates data through harness/): it runs as its own process, so the
-# service package never imports it (tests/unit/test_layering.py); its options are its own.
-TRAINING = {"make-test-models": "dflash_models.tiny", "build-models": "dflash_models.build"}
+# The tiny pair's builder runs as its own process, so the service package never imports dflash_models
+# (tests/unit/test_layering.py); its options are its own. Training the bundled pair is dev tooling, not a command:
+# python -m dflash_models.build from a checkout.
+TRAINING = {"make-test-models": "dflash_models.tiny"}
 
 
 def _training(argv: list[str]) -> int:
@@ -76,10 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-sglang-args", action="store_true",
                    help="do not import SGLang to validate sglang_args (fast)")
     c.set_defaults(func=_check)
-    for name, text in (("make-test-models", "create the tiny random test pair (seconds): OUT_DIR"),
-                       ("build-models", "train the bundled target + DFlash drafter from scratch on CPU (~90 min; "
-                                        "--help lists its options)")):
-        sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() runs TRAINING[name]
+    sub.add_parser("make-test-models", help="create the tiny random test pair (seconds): OUT_DIR",
+                   add_help=False)  # listed in --help; main() runs TRAINING[name]
     return p
 
 

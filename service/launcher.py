@@ -106,7 +106,7 @@ def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
 def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
     """Preflight + argument building. Raises ConfigError naming the field.
 
-    `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang, ~5 s).
+    `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang: slow).
     The server process checks them again in any case before it starts (service/server_entry.py), so `serve`
     passes False and a bad one still fails with its config error, without a second import."""
     report = preflight.check(config)
@@ -157,7 +157,7 @@ def supervise(child: subprocess.Popen, grace_seconds: float) -> int:
         except subprocess.TimeoutExpired:
             pass
         else:
-            # SGLang's own processes outlive its main one when a stop signal lands mid-start (measured: a
+            # SGLang's own processes outlive its main one when a stop signal lands mid-start (seen: a
             # detokenizer and a server process left running); the group is the server's, so none may remain.
             try:
                 os.killpg(child.pid, signal.SIGKILL)

@@ -1,19 +1,18 @@
 """Preflight: is the target servable, and does the drafter fit it? Fails fast, naming the field.
 
-Runs before SGLang starts (which takes 30 s+ and then fails with a deep traceback, or --
+Runs before SGLang starts (which takes tens of seconds and then fails with a deep traceback, or --
 for some mismatches -- silently: DFlash's weight loader ignores unknown tensor names).
 Reads only config.json files and the safetensors header; imports neither torch nor sglang.
 """
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import ConfigError, ServeConfig
-from sglang_ext import names
+from sglang_ext import refusals
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -116,29 +115,6 @@ def check(config: ServeConfig) -> PreflightReport:
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
 
 
-# GPU attention backends whose verify reads a tree's mask (sglang_ext/verify_runtimes.py TREE_MASK_BACKENDS, by
-# their sglang_args.attention_backend names); unset: the worker checks the backend SGLang picked, at start-up
-TREE_ATTENTION_BACKENDS = ("flashinfer", "triton")
-
-
-def _tree_refusal(device: str, sglang_args: dict) -> str | None:
-    tp_size = int(sglang_args.get("tp_size") or 1)
-    if tp_size != 1:
-        return f"needs tensor parallel size 1, not {tp_size}"
-    if device == "cpu":
-        return None
-    if os.environ.get(names.GPU_TREES) != "1":
-        return f"has not served on a GPU yet (set {names.GPU_TREES}=1 to run it on device {device})"
-    backend = sglang_args.get("attention_backend")
-    if backend is not None and backend not in TREE_ATTENTION_BACKENDS:
-        return (f"on GPU needs an attention backend that reads the tree's mask ({' or '.join(TREE_ATTENTION_BACKENDS)}"
-                f"), not sglang_args.attention_backend {backend}")
-    page = int(sglang_args.get("page_size") or 1)
-    if page != 1:
-        return f"needs KV page size 1, not sglang_args.page_size {page}"
-    return None
-
-
 def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> None:
     """The controller settings against the drafter (widths <= 4x its block; trees above it without tensor
     parallelism, and on GPU with an attention backend that reads the tree's mask and page size 1), per-request
@@ -151,14 +127,16 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> N
     except ValueError as e:
         raise ConfigError(f"speculative.adaptive.{e}") from None
     trees = settings.controller.tree_widths(draft_block)
-    why = _tree_refusal(device, sglang_args) if trees else None
+    why = None
+    if trees:
+        why = (refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1))
+               or (None if device == "cpu" else refusals.tree_attention_refusal(
+                   sglang_args.get("attention_backend"), int(sglang_args.get("page_size") or 1))))
     if why is not None:
-        raise ConfigError(f"speculative.adaptive.candidates: widths {list(trees)} are above the drafter's block "
-                          f"{draft_block}, so they verify a DDTree, which {why}; use widths up to {draft_block}")
-    if settings.controller.per_request_widths and device != "cpu":
-        raise ConfigError(f"speculative.adaptive.per_request_widths: runs on CPU only in this release (the ragged "
-                          f"verify reads the CPU attention's layout; GPU verify graphs are per width), not device "
-                          f"{device}; set it false")
+        raise ConfigError(refusals.tree_widths_error(trees, draft_block, why))
+    why = refusals.per_request_widths_refusal(device) if settings.controller.per_request_widths else None
+    if why is not None:
+        raise ConfigError(f"speculative.adaptive.per_request_widths: {why}")
     if settings.cost_profile is not None:
         path = settings.cost_profile
         if not Path(path).is_file():

@@ -3,8 +3,8 @@
 Two things happen here, before SGLang's own CLI runs, because this process imports SGLang anyway:
 
 - The config's `sglang_args` are checked against SGLang's real `serve` parser (service/sglang_args.py), arriving
-  as JSON in `DFLASH_SERVE_SGLANG_ARGS`. Checking them in the launcher cost a second `import sglang` (~5 s of
-  every start: 28.7 -> 23.5 s to healthy, benchmarks/startup_time.py); a bad one still fails with the same
+  as JSON in `DFLASH_SERVE_SGLANG_ARGS`. Checking them in the launcher cost a second `import sglang` on every
+  start (benchmarks/startup_time.py, docs/BENCHMARKS.md); a bad one still fails with the same
   `dflash-serve: error: sglang_args.<key>: ...` and exit status 2, before anything is loaded.
 - SGLang reads its API key only from `--api-key`, and a command line is world-readable (`ps`,
   /proc/PID/cmdline). The launcher therefore passes the key in `DFLASH_SERVE_SGLANG_API_KEY`; it is moved into

@@ -23,7 +23,7 @@ _CONFIG_FIELD_FOR = {
 
 # What SGLang needs to run on CPU: torch-native attention (no FlashInfer), no CUDA graphs, and
 # no overlap scheduling (its CUDA-stream overlap buys nothing on CPU and DFlash v2 relays via it), and
-# sleep_on_idle: an idle scheduler otherwise busy-polls its sockets (measured: 20.1 s of CPU in 20 s idle),
+# sleep_on_idle: an idle scheduler otherwise busy-polls its sockets (a core's worth of CPU while idle),
 # taking a core the model needs; it waits in zmq poll instead, which wakes on the next request.
 CPU_DEFAULTS = {
     "attention_backend": "torch_native",
@@ -36,7 +36,7 @@ CPU_DEFAULTS = {
 
 @functools.lru_cache(maxsize=1)
 def sglang_parser() -> argparse.ArgumentParser:
-    """SGLang's real `serve` parser (imports sglang: ~10 s)."""
+    """SGLang's real `serve` parser (imports sglang: slow, so cached)."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang serve", add_help=False, exit_on_error=False)

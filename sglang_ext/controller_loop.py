@@ -42,7 +42,8 @@ from sglang_ext.settings import AdaptiveSettings
 
 logger = logging.getLogger(__name__)
 RECENT_FINISHED = 4096  # finished rids remembered for steps still in flight when their request ended
-MODEL_PUBLISH_SECONDS = 1.0  # the acceptance/cost gauges at most this often: ~0.8 ms each, scraped every ~15 s
+MODEL_PUBLISH_SECONDS = 1.0  # the acceptance/cost gauges at most this often: each publish costs a step real time,
+# and Prometheus scrapes far less often
 
 
 class HostArray(Protocol):

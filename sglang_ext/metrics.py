@@ -92,9 +92,9 @@ import numpy as np
 
 # Decode steps are counted in process and written at most this many steps late (and when a request finishes:
 # SGLang reports a finished request after its last step's feedback, so a client that got its answer sees every step
-# of it on /metrics). Why: each counter or bucket write is a multiprocess-mmap write under a lock, ~3 us when the
-# forward has evicted the caches, and a width-16 step of 2 requests wrote ~35 of them (~120 us of every step, measured
-# cache-cold; width-1 steps' ~8 writes cost ~95 us in a CPU server at 1 request). The width gauge is still set at once.
+# of it on /metrics). Why: each counter or bucket write is a multiprocess-mmap write under a lock, slow once the
+# forward has evicted the caches, and a step writes dozens of them: a cost every step paid (docs/BENCHMARKS.md).
+# The width gauge is still set at once.
 FLUSH_STEPS = 16
 RAGGED = "ragged"  # dflash_step_seconds' block_size label of ragged steps
 SAMPLING_CLASSES = ("greedy", "sampled")  # dflash_width_calibration's sampling label, the controller's PRIOR_CLASSES
@@ -308,7 +308,7 @@ def observe_counts(histogram, counts: np.ndarray) -> None:
     """``histogram.observe(k)`` ``counts[k]`` times for every k, in one write per non-empty bucket.
 
     Why: prometheus_client has no weighted observe, and one observe per request (two mmap writes under a lock in
-    multiprocess mode) cost ~2.5 us each: ~160 us of a 64-request width-1 step's feedback. This writes the child's
+    multiprocess mode) made a large batch's feedback cost grow with its size. This writes the child's
     sum and bucket values the way ``Histogram.observe`` does (prometheus_client 0.26: ``_sum``, ``_buckets``
     non-cumulative, ``_upper_bounds``); tests/unit/test_controller_loop.py pins the exposition to repeated
     observes, and a client without those attributes gets the repeated observes.

@@ -8,7 +8,8 @@ Contract (one settings path):
     (the YAML schema of ``speculative.adaptive`` is derived from ``ControllerConfig``'s fields and defaults) and
     service/preflight.py checks them against the drafter (``ControllerConfig.check_against_max_block``);
   * serialised with ``to_json`` into the variables named in names.py; read once, in the process that uses them
-    (``from_env``: the worker at start-up, the HTTP guard at import). Unset means the defaults, so a hand-run
+    (``adaptive_settings``: the worker at start-up and the KV sizing share one read; ``HttpSettings.from_env``:
+    the HTTP guard at import). Unset means the defaults, so a hand-run
     ``sglang serve`` works too.
   * errors name the variable or the field (``hysteresis: must be ...``).
 
@@ -17,6 +18,7 @@ Pure module: no sglang, no torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -87,6 +89,12 @@ class AdaptiveSettings:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AdaptiveSettings":
         data = _read_json(environ, env.ADAPTIVE)
         return cls() if data is None else cls.from_mapping(data)
+
+
+@functools.cache
+def adaptive_settings() -> AdaptiveSettings:
+    """This process's adaptive settings: the environment is read at the first call, and every reader shares it."""
+    return AdaptiveSettings.from_env()
 
 
 @dataclass(frozen=True)

@@ -137,8 +137,8 @@ def target_probs_torch(scaled_logits: torch.Tensor, top_ks: torch.Tensor, top_ps
     ``simple``: no request of the batch sets top-k, top-p or min_p (`Sampler`'s ``simple_sampling_case``): the
     sampler draws from the softmax itself, and so does this. ``max_top_k`` (`SamplingBatchInfo.max_top_k`, every
     request's top-k when all are set): the cuts need only the ``max_top_k`` largest, as the sampler takes them.
-    Why both: a full vocabulary sort of every verify row cost 74 ms for 16 requests x 16 rows at a 4096-token
-    vocabulary on one CPU core (a softmax: 0.75 ms) -- more than the verify forward itself.
+    Why both: a full vocabulary sort of every verify row cost more than the verify forward itself on CPU, a
+    softmax a small part of it (docs/BENCHMARKS.md).
     """
     probs = torch.softmax(scaled_logits.float(), dim=-1)
     if simple:

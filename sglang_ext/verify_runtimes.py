@@ -17,7 +17,7 @@ causal path expresses a chain), and a graph captured so would attend causally ov
 FlashInfer builds the width's verify wrappers around its custom-mask buffer and re-plans every replay with the
 step's ``DFlashVerifyInput.custom_mask`` (with plan()'s host reads: the sync-free fast plan is installed only for
 maskless DFLASH graphs); Triton copies the step's mask into its verify-mask buffer every replay; padded requests get
-upstream's all-ones padding. Only the backends in TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the
+upstream's all-ones padding. Only the backends in refusals.TREE_MASK_BACKENDS read the mask (``tree_verify_refusal``); the
 worker refuses trees on any other at start-up. A tree's graphs stop at the batch sizes whose rows fit SGLang's
 shared logits buffer (``tree_capture_sizes``); a larger tree batch verifies eagerly on the tree width's backend,
 with the same mask.
@@ -39,6 +39,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+from sglang_ext.refusals import tree_attention_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -81,27 +83,13 @@ class VerifyRuntimes:
         self._active = width
 
 
-# Target attention backends whose eager TARGET_VERIFY reads DFlashVerifyInput.custom_mask in tree/mask.py's packed
-# layout: FlashInfer (generate_attn_arg_prefill's mask into the verify prefill wrapper's plan) and Triton (extend
-# attention, mask_indptr = n * (seq_lens + n) per request). Pinned: tests/unit/test_gpu_contracts.py.
-TREE_MASK_BACKENDS = frozenset({"FlashInferAttnBackend", "TritonAttnBackend"})
-
-
 def tree_verify_refusal(model_runner: Any) -> str | None:
-    """Why this GPU target cannot verify a tree (None: it can): its verify attention backend (resolved through
-    hybrid/TBO wrappers, as upstream resolves DFLASH's mask policy) must read the custom mask, and the KV page size
-    must be 1 (the commit remaps the path's slots one by one in req_to_token)."""
+    """Why this GPU target cannot verify a tree (None: it can): the rule is refusals.tree_attention_refusal's, on
+    the verify attention backend resolved through hybrid/TBO wrappers as upstream resolves DFLASH's mask policy."""
     from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 
     name, _ = resolve_dflash_verify_mask_policy(model_runner.attn_backend)
-    if name not in TREE_MASK_BACKENDS:
-        known = ", ".join(sorted(TREE_MASK_BACKENDS))
-        return (f"needs a target attention backend that reads a custom verify mask ({known}), not {name}: set "
-                f"sglang_args.attention_backend to flashinfer or triton")
-    page = int(getattr(model_runner, "page_size", 1) or 1)
-    if page != 1:
-        return f"needs KV page size 1, not {page}: unset sglang_args.page_size"
-    return None
+    return tree_attention_refusal(name, int(getattr(model_runner, "page_size", 1) or 1))
 
 
 @functools.cache
@@ -128,7 +116,7 @@ def tree_capture_sizes(batch_sizes: list[int], width: int, logits_rows: int) -> 
     """The decode graph batch sizes a tree of ``width`` verify tokens is captured at: those whose rows fit SGLang's
     shared logits buffer (``logits_rows``), which every verify graph writes and which is sized for the published
     width B at the largest batch size. A tree is wider than B, so its graphs stop at a smaller batch; a larger tree
-    batch verifies eagerly. Trees pay at small batches only (README, DDTree), so that costs little, where growing
+    batch verifies eagerly. Trees pay at small batches only (docs/DDTREE.md), so that costs little, where growing
     the buffer would cost max_bs x width x vocab x 4 bytes (10 GB at 256 x 64 x Qwen3's vocabulary)."""
     return sorted(bs for bs in set(batch_sizes) if bs * width <= logits_rows)
 

@@ -15,7 +15,7 @@ A ragged block (`RaggedBlock`: request i has lens[i] <= block new tokens, its ro
 request-major) is attended one group of equal lengths at a time (`ragged_plans`, `attend_groups`):
 each group is an ordinary block of its length, so every row sees exactly the keys it would in a
 block of lens[i] tokens. Why not one padded call: the padded rows cost query work for nothing
-(16 requests at widths 16 and 1: 3.37 vs 3.12 ms a layer, one core).
+(measured per layer: docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def attend(plan: BlockPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     bs, block, n_kv = plan.bs, plan.block, plan.max_len
     if bs == 0:
         return q.new_empty((0, q.shape[1], v_cache.shape[-1]))
-    # index_select on a 2-D view is >10x faster than advanced indexing for large gathers.
+    # index_select on a 2-D view: advanced indexing is many times slower for large gathers
     key = k_cache.reshape(k_cache.shape[0], -1).index_select(0, plan.slots).view(bs, n_kv, *k_cache.shape[1:])
     value = v_cache.reshape(v_cache.shape[0], -1).index_select(0, plan.slots).view(bs, n_kv, *v_cache.shape[1:])
     query = q.view(bs, block, q.shape[1], q.shape[2]).transpose(1, 2)  # [bs, Hq, n, D]

@@ -31,9 +31,9 @@ DECODE_INFO = "sglang.srt.speculative.dflash_info_v2"
 
 def tree_extra(num_draft_tokens: int) -> int:
     """Slots a DDTree window needs past the 2x-block reserve (0 without trees, or for a tree that fits the block)."""
-    from sglang_ext.settings import AdaptiveSettings
+    from sglang_ext.settings import adaptive_settings
 
-    widths = AdaptiveSettings.from_env().controller.candidates_for(num_draft_tokens)
+    widths = adaptive_settings().controller.candidates_for(num_draft_tokens)
     return max(0, max(widths) - num_draft_tokens)
 
 

@@ -12,8 +12,8 @@ in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests
 2. **Validation messages** were ``str(exc)``: they echo the client's input (prompt text) and name server files
    (``File "/.../http_server.py", line 1870``). Now ``loc: msg`` per error, with ``param`` set.
 3. **Body limit** (``max_request_bytes``): 413 from the Content-Length header before anything parses the body,
-   and while reading a chunked body. Without it a 4 MB prompt is tokenized (14 s of CPU on the test machine)
-   before the context-length check rejects it. The rest of the body is read and dropped (up to DRAIN_CAP) before
+   and while reading a chunked body. Without it a prompt of megabytes is tokenized (seconds of CPU) before the
+   context-length check rejects it. The rest of the body is read and dropped (up to DRAIN_CAP) before
    the answer, so clients see the 413 instead of a connection reset.
 4. **Non-object JSON bodies** (``[1, 2]``) got a 500: ``ChatCompletionRequest``'s before-validator calls ``.get``.
 5. **Unknown models** were served (any ``model`` string answered 200). The generation endpoints now answer 404

@@ -3,8 +3,8 @@
 SGLang 0.5.23 (managers/utils.py) decorates `GenerationBatchResult.copy_to_cpu` with
 `torch.profiler.record_function("copy_result_to_cpu")`; the speculative scheduler path calls it once per decode step
 (scheduler.py `run_batch`; plain decoding relays through the future map instead). The span's enter/exit are two
-dispatcher ops whether or not a profiler runs: ~0.07 ms of a 6.7 ms width-1 step at one request on CPU (py-spy,
-benchmarks/step_profile.py), a cost plain decoding does not pay. This calls the undecorated method unless a
+dispatcher ops whether or not a profiler runs: a cost every speculative step pays and plain decoding does not
+(docs/BENCHMARKS.md, benchmarks/step_profile.py). This calls the undecorated method unless a
 profiler is recording, when the span is kept as upstream emits it.
 Retired by: upstream emitting the span only under an active profiler (as its nvtx gates do).
 """
@@ -20,7 +20,7 @@ def _patch(mu: ModuleType) -> None:
 
     if getattr(mu.GenerationBatchResult.copy_to_cpu, "__wrapped__", None) is None:
         return  # not the decorated method this patch knows (no span to skip): leave it as it is
-    recording = torch._C._autograd._profiler_enabled  # the C++ profiler state (any torch profiler, ~0.06 us)
+    recording = torch._C._autograd._profiler_enabled  # the C++ profiler state (any torch profiler; one cheap call)
 
     def make(original):
         plain = original.__wrapped__

@@ -1,9 +1,9 @@
 """Shut down as soon as the drain is over, not on the next 5-second tick (all devices).
 
 SGLang 0.5.23 (managers/tokenizer_manager.py `TokenizerManager.sigterm_watchdog`) looks for the SIGTERM flag every
-5 s and, once set, for the last in-flight request every 5 s. A server with nothing in flight therefore took 4-5 s to
-begin exiting after SIGTERM (measured: SIGTERM at :36, "Gracefully exiting... 0" at :40), and a drain whose last
-request ended just after a tick waited up to 5 s more: time a rolling restart spends refusing traffic for nothing.
+5 s and, once set, for the last in-flight request every 5 s. A server with nothing in flight therefore took up to a
+tick to begin exiting after SIGTERM, and a drain whose last request ended just after a tick waited up to 5 s more:
+time a rolling restart spends refusing traffic for nothing.
 This waits for the same two conditions at a 0.1 s poll, logging the drain's progress every 5 s as upstream does,
 then hands over to upstream's watchdog, which then finds both already true and runs its own exit path unchanged
 (health-failed and SGL_FORCE_SHUTDOWN exits included: the wait stops early for either).

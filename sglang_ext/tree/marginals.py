@@ -1,11 +1,11 @@
 """The drafter's top-k log-probabilities per position, without sorting the vocabulary: a tree step's input.
 
-Why: torch.topk and torch.logsumexp over whole vocabulary rows cost far more on CPU than reading them (2.7 and
-2.5 ms for 16 requests x 15 positions x 4096 tokens, one thread: most of a tree step's own work at load,
-benchmarks/tree_cost.py). The k largest logits of a row lie in the k vocabulary chunks with the largest maxima (a
-value among the k largest has at most k - 1 values above it, so at most k - 1 chunks have a larger maximum than its
-own chunk), so one max per chunk, a top-k of the chunk maxima and a top-k of those k chunks' entries find them
-exactly; the normaliser is one exp-sum shifted by the row's maximum (the largest of them).
+Why: torch.topk and torch.logsumexp over whole vocabulary rows cost far more on CPU than reading them: most of a
+tree step's own work at load (benchmarks/tree_cost.py; docs/DDTREE.md). The k largest logits of a row lie in the k
+vocabulary chunks with the largest maxima (a value among the k largest has at most k - 1 values above it, so at
+most k - 1 chunks have a larger maximum than its own chunk), so one max per chunk, a top-k of the chunk maxima and
+a top-k of those k chunks' entries find them exactly; the normaliser is one exp-sum shifted by the row's maximum
+(the largest of them).
 
 Contract: ``top_log_probs(logits, k)``: ``logits`` [..., V] float -> (logp [..., k] sorted descending, tokens
 [..., k] int64 distinct per row): the k largest log-softmax values of every row and their token ids -- the values
@@ -36,7 +36,7 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
         top = torch.topk(cand, k, dim=-1)
         values = top.values
         tokens = best.gather(1, top.indices // CHUNK) * CHUNK + top.indices % CHUNK
-    # log-sum-exp from the row maximum (the top value): torch.logsumexp took 2x this on CPU
+    # log-sum-exp from the row maximum (the top value): cheaper on CPU than torch.logsumexp
     peak = values[:, :1]
     logp = values - peak - torch.log((rows - peak).exp_().sum(dim=-1, keepdim=True))
     return logp.view(*lead, k), tokens.view(*lead, k)

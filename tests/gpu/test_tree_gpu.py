@@ -1,5 +1,5 @@
 """On a CUDA GPU, the tree step's own tensor logic (benchmarks/tree_cost.py ``tree_step``: the worker's
-_decode_tree without the forwards) is what a CUDA graph per budget can hold, and the packed tree mask reads on the
+steps/tree.py decode_tree without the forwards) is what a CUDA graph per budget can hold, and the packed tree mask reads on the
 compiled verify attention as the CPU path reads the tree.
 
 - No part of the step waits for the host (``torch.cuda.set_sync_debug_mode("error")`` raises on any sync), the

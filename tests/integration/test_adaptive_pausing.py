@@ -13,7 +13,8 @@ from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_
 pytestmark = pytest.mark.server
 
 # drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: the 20-step pause is longer than
-# the worker's DEFERRED_APPEND_STEPS, so deferred appends are flushed both mid-pause and when drafting resumes
+# DEFERRED_APPEND_STEPS (sglang_ext/steps/draft_kv.py), so deferred appends are flushed both mid-pause and when
+# drafting resumes
 PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
 
 

@@ -77,7 +77,7 @@ def test_width2_samples_have_the_target_distribution(config, plain_server, width
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_width1_samples_have_the_target_distribution(config, plain_server, width1_server):
-    """Width 1 ("speculation off") samples each token itself (worker._accept_width1: a softmax without cuts, the
+    """Width 1 ("speculation off") samples each token itself (steps/accept.py accept_width1: a softmax without cuts, the
     patched target distribution with them, penalties and logit_bias first), not through the chain accept."""
     assert_same_distribution(f"width 1, {config}", sample(plain_server, CONFIGS[config]),
                              sample(width1_server, CONFIGS[config]))

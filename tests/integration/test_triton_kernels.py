@@ -6,12 +6,12 @@ adaptive worker takes those branches and Triton's interpreter runs the kernels o
 strides and views a GPU would use (docs/ARCHITECTURE.md §7).
 
 The cycle mode verifies widths 1, 2, 4, 8, 16, 1, ...: widths shrink and grow every step (a width-1 step has nothing
-to verify and samples its token itself, worker._accept_width1; every wider step takes the Triton accept). Before the fix of the accept buffers (upstream sizes them by ``self.block_size``, which is the
+to verify and samples its token itself, steps/accept.py accept_width1; every wider step takes the Triton accept). Before the fix of the accept buffers (upstream sizes them by ``self.block_size``, which is the
 verify width during the accept) the width-2 step after the first width-1 accept got a [cap, 1] buffer: the Triton
 accept raised "shape '[1, 2]' is invalid for input of size 1", upstream fell back to the eager path for good and this
 test failed on its log check; tests/unit/test_accept_buffers.py pins the allocation itself.
 With per-request widths on, the batched requests run ragged steps too: the Triton accept then reads a [bs, W]
-candidate block whose padded entries are -1 (worker._decode_ragged).
+candidate block whose padded entries are -1 (steps/ragged.py).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ w._out_tokens_bufs, w._new_seq_lens_bufs = [], []
 gen = torch.Generator().manual_seed(0)
 out = []
 for bs, width in steps:
-    w.block_size = width  # as _verify sets it around the accept
+    w.block_size = width  # as steps/accept.py sets it around the accept
     try:
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = w._next_accept_bonus_buffers(bs)
     finally:

@@ -267,7 +267,7 @@ SITES = {
         {"speculative_adaptive": False},
     ),
     "dflash_worker_v2.py:DFlashWorkerV2.forward_batch_generation[draft-batch-stamp]": Site(
-        "(a) not a comparison: the draft forward is stamped with the DFLASH enum, as in AdaptiveDFlashWorker._draft, "
+        "(a) not a comparison: the draft forward is stamped with the DFLASH enum, as in the adaptive worker's steps/draft.py, "
         "so draft-side code sees builtin DFLASH",
         "a",
         ((M + "speculative.dflash_worker_v2", "DFlashWorkerV2.forward_batch_generation",
@@ -666,9 +666,9 @@ def _():
 
 @demo("dflash_worker_v2.py:DFlashWorkerV2.forward_batch_generation[draft-batch-stamp]")
 def _():
-    from sglang_ext.worker import AdaptiveDFlashWorker
+    from sglang_ext.steps.draft import draft_forward
     return {"adaptive_worker_stamps_dflash":
-                "spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH" in inspect.getsource(AdaptiveDFlashWorker._draft)}
+                "spec_algorithm=upstream.SpeculativeAlgorithm.DFLASH" in inspect.getsource(draft_forward)}
 
 
 def shipped_configs():

@@ -148,11 +148,11 @@ def test_a_tree_width_the_window_cannot_hold_or_a_gpu_that_cannot_read_its_mask_
     data["sglang_args"] = {"attention_backend": "fa3"}
     with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: widths \[64\] are above the drafter's "
                                           r"block 16, so they verify a DDTree, which on GPU needs an attention backend "
-                                          r"that reads the tree's mask \(flashinfer or triton\), not "
-                                          r"sglang_args.attention_backend fa3"):
+                                          r"that reads the tree's mask \(flashinfer or triton\), not fa3: set "
+                                          r"sglang_args.attention_backend to flashinfer or triton"):
         check(load_config(write(tmp_path, data)))
     data["sglang_args"] = {"page_size": 16}
-    with pytest.raises(ConfigError, match=r"which needs KV page size 1, not sglang_args.page_size 16"):
+    with pytest.raises(ConfigError, match=r"which needs KV page size 1, not 16: unset sglang_args.page_size"):
         check(load_config(write(tmp_path, data)))
     data["server"] = {}
     data["sglang_args"] = {"tp_size": 2}

@@ -189,8 +189,9 @@ for path, needle in sources:
     key = f"{path} :: {needle}"
     try:
         obj = resolve(path)
-        if needle is None:  # a value: the tree backends are in it (verify_runtimes.TREE_MASK_BACKENDS)
-            out["sources"][key] = {"FlashInferAttnBackend", "TritonAttnBackend"} <= set(obj)
+        if needle is None:  # a value: the tree backends are in it
+            from sglang_ext.refusals import TREE_MASK_BACKENDS
+            out["sources"][key] = set(TREE_MASK_BACKENDS.values()) <= set(obj)
         else:
             out["sources"][key] = needle in inspect.getsource(obj)
     except Exception as e:

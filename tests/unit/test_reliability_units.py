@@ -246,9 +246,10 @@ def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkey
 
     from sglang_ext import names
     from sglang_ext.controller.config import ControllerConfig
-    from sglang_ext.settings import AdaptiveSettings
+    from sglang_ext.settings import AdaptiveSettings, adaptive_settings
 
     monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings(ControllerConfig(candidates=(1, 4, 16, 41))).to_json())
+    adaptive_settings.cache_clear()  # a fresh process
     assert dflash_headroom.tree_extra(16) == 25
     assert dflash_headroom.dflash_extra(16, 1) == 36 + 25
     seen = []
@@ -257,8 +258,11 @@ def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkey
     dflash_headroom._patch_decode_reserve(info)
     info.page_aligned_decode_alloc_lens([], reserve=2 * 16, page_size=1)
     assert seen == [32 + 25]
-    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings().to_json())  # chains only: no extra
+    monkeypatch.setenv(names.ADAPTIVE, AdaptiveSettings().to_json())
+    assert dflash_headroom.tree_extra(16) == 25  # read once: the rows and the reserve keep one size
+    adaptive_settings.cache_clear()  # a fresh process with chains only: no extra
     assert dflash_headroom.tree_extra(16) == 0
+    adaptive_settings.cache_clear()
 
 
 def test_idle_gauges_are_published_on_the_first_idle_pass_after_a_busy_publish():

@@ -129,7 +129,7 @@ print("RESULT" + json.dumps({"flashinfer": refusal(FlashInferAttnBackend), "trit
 def test_a_gpu_tree_needs_an_attention_backend_that_reads_its_mask_and_page_size_1():
     got = child_result("-c", PROBE)
     assert got["flashinfer"] is None and got["triton"] is None
-    assert got["torch_native"] == ("needs a target attention backend that reads a custom verify mask "
-                                   "(FlashInferAttnBackend, TritonAttnBackend), not TorchNativeAttnBackend: set "
-                                   "sglang_args.attention_backend to flashinfer or triton")
+    assert got["torch_native"] == ("on GPU needs an attention backend that reads the tree's mask (flashinfer or "
+                                   "triton), not TorchNativeAttnBackend: set sglang_args.attention_backend to "
+                                   "flashinfer or triton")
     assert got["triton_paged"] == "needs KV page size 1, not 16: unset sglang_args.page_size"

@@ -1,0 +1,57 @@
+"""The rules that refuse a DFLASH_ADAPTIVE setting a deployment cannot serve, in one place.
+
+Both sides read them: the preflight (service/preflight.py, before SGLang starts, from the config) and the worker
+(at start-up, from what SGLang built, for a server started without dflash-serve). Each rule returns why it refuses
+(None: it serves); the caller names the field. Pure: no torch, no SGLang.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from sglang_ext import names
+
+# GPU attention backends whose eager TARGET_VERIFY reads DFlashVerifyInput.custom_mask in tree/mask.py's packed
+# layout, by sglang_args.attention_backend name -> the class SGLang builds: FlashInfer (the mask goes into the verify
+# prefill wrapper's plan) and Triton (extend attention, mask_indptr = n * (seq_lens + n) per request).
+# Pinned: tests/unit/test_gpu_contracts.py.
+TREE_MASK_BACKENDS = {"flashinfer": "FlashInferAttnBackend", "triton": "TritonAttnBackend"}
+
+
+def tree_refusal(device: str, tp_size: int) -> str | None:
+    """Why this deployment cannot verify a tree whatever its attention backend (None: it can). ``device``: "cpu"
+    or a GPU type such as "cuda"."""
+    if tp_size != 1:
+        return f"needs tensor parallel size 1, not {tp_size} (the draft marginals read the whole LM head)"
+    if device == "cpu":
+        return None
+    if os.environ.get(names.GPU_TREES) != "1":
+        return f"has not served on a GPU yet (set {names.GPU_TREES}=1 to run it on device {device})"
+    return None
+
+
+def tree_attention_refusal(backend: str | None, page_size: int) -> str | None:
+    """Why a GPU target cannot verify a tree with this attention (None: it can). ``backend``: the
+    sglang_args.attention_backend name or the class SGLang built (None: not chosen yet; the worker checks the
+    class). The KV page size must be 1: the commit remaps the path's slots one by one in req_to_token."""
+    if backend is not None and backend not in TREE_MASK_BACKENDS and backend not in TREE_MASK_BACKENDS.values():
+        known = " or ".join(TREE_MASK_BACKENDS)
+        return (f"on GPU needs an attention backend that reads the tree's mask ({known}), not {backend}: set "
+                f"sglang_args.attention_backend to {known}")
+    if page_size != 1:
+        return f"needs KV page size 1, not {page_size}: unset sglang_args.page_size"
+    return None
+
+
+def tree_widths_error(widths: Sequence[int], block: int, why: str) -> str:
+    """The refusal of tree candidates, naming the field and the fix."""
+    return (f"speculative.adaptive.candidates: widths {list(widths)} are above the drafter's block {block}, so they "
+            f"verify a DDTree, which {why}; use widths up to {block}")
+
+
+def per_request_widths_refusal(device: str) -> str | None:
+    """Why ``per_request_widths`` cannot run on this device (None: it can)."""
+    if device == "cpu":
+        return None
+    return (f"runs on CPU only in this release (the ragged verify reads the CPU attention's layout; GPU verify "
+            f"graphs are per width), not device {device}; set it false")

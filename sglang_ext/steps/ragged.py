@@ -1,0 +1,63 @@
+"""A ragged step (per-request widths, CPU): request i drafts and verifies the first ``decision.widths[i]``
+positions of its window -- what a width-widths[i] step would run for it -- in one draft and one verify forward of
+sum(widths) rows (cpu/attention.py RaggedBlock). The accept runs on the padded [bs, W] layout (W the widest): a
+padded candidate is -1, which no argmax equals, so request i accepts at most widths[i] - 1 drafts and its bonus is
+the target's token at a row it verified."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sglang.srt.speculative.dflash_worker_v2 as upstream
+import torch
+
+from sglang_ext.controller_loop import LaunchedStep
+from sglang_ext.cpu.attention import RaggedBlock
+from sglang_ext.steps.accept import accept_chain
+from sglang_ext.steps.context import StepContext
+from sglang_ext.steps.draft import draft_forward
+from sglang_ext.steps.tree import tree_serves
+from sglang_ext.steps.verify import published, step_result, target_hidden, verify_forward
+from sglang_ext.steps.window import block_window
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+
+def ragged_serves(worker: Any, batch: Any) -> bool:
+    """Whether this batch's step may verify a width per request: on CPU (the torch attention reads the ragged
+    layout; GPU verify graphs are per width), and a greedy batch with nothing applied to the verify logits
+    (upstream's own test for skipping them, and ours for penalties) -- its accept is then an argmax per row."""
+    return (worker._prefix_drafts and not upstream.is_cuda() and tree_serves(batch)
+            and worker._can_skip_verify_logits(batch, batch.sampling_info))
+
+
+def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
+    w, bs = ctx.worker, ctx.bs
+    w.draft_kv.flush()  # the draft reads its KV: it must hold every committed token
+    W = int(ctx.decision.block_size)
+    lens = torch.tensor(ctx.decision.widths, dtype=torch.int64, device=w.device)
+    ragged = RaggedBlock.of(lens, W)
+    window = block_window(ctx)
+    # the ragged rows as a flat index into the [bs, B] window (KVLocPlan cols)
+    cols = (ragged.rows // W) * w.max_block + ragged.rows % W
+    drafted = draft_forward(ctx, window, W, ragged=ragged, cols=cols).tokens  # [bs, W - 1], -1 past each width
+    cand = torch.cat([ctx.draft_input.bonus_tokens.view(bs, 1).to(torch.int64), drafted], dim=1)
+    positions = window.positions[:, :W].reshape(-1).index_select(0, ragged.rows)
+    target_out, target_predict = verify_forward(ctx, window, cand, positions, ragged=ragged, cols=cols)
+    logits_output = target_out.logits_output
+    if target_predict is None:
+        target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
+    predict = ragged.pad(target_predict.view(-1).to(torch.int64)).view(bs, W)
+    accept_len, commit_lens, bonus, out_tokens, new_seq_lens = accept_chain(ctx, cand, None, predict,
+                                                                            window.prefix_lens)
+    out_tokens.clamp_(min=0)  # past each commit length: a padded candidate's -1, read by nothing
+    new_seq_lens = published(ctx, window.prefix_lens, commit_lens, new_seq_lens)
+    hidden = target_hidden(logits_output)
+    cache_loc = window.plan.write_ids(w.draft_model_runner.kv_index_translator, cols=slice(0, W))
+    w.draft_kv.append(ragged.pad(hidden).view(bs, W, -1), cache_loc.view(bs, W), window.positions[:, :W],
+                      commit_lens)
+    logits_output.hidden_states = None
+    logits_output.next_token_logits = None  # the packed rows' logits: nothing downstream reads them (greedy)
+    committed = out_tokens.view(bs, W).to("cpu", non_blocking=True)
+    w.loop.launched(LaunchedStep(ctx.rids, ctx.decision, None, committed))
+    return step_result(ctx, target_out, out_tokens, commit_lens, bonus, new_seq_lens, W)
