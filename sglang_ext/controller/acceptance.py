@@ -27,7 +27,7 @@ Observation contract (``observe``): each observation is ``(slot, accepted_len, t
 1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
 accepted_len < tried; positions beyond are unobserved. This one form covers a verify at width b
 (``tried = b - 1``, censored), a hindsight comparison (``tried = J``) and a flushed partial block
-(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see policy.observe_step).
+(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see request_state.py).
 
 Invariants (tested): 0 <= p <= 1; E_r(b) is non-decreasing in b and 1 <= E_r(b) <= b.
 """
@@ -105,7 +105,7 @@ class AcceptanceStats:
         self.version += 1
 
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:
-        """The prior class of each of ``slots`` (PRIOR_CLASSES in policy.py)."""
+        """The prior class of each of ``slots`` (PRIOR_CLASSES in request_state.py)."""
         if not np.array_equal(self.slot_class[slots], classes):
             self.flush_decay()  # the deferred decay applies to the classes the slots had
             self.slot_class[slots] = classes

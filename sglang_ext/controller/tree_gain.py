@@ -14,7 +14,7 @@ on the greedy token itself, which the chain would have verified further).
 Why not calibrated marginals (DDTree's surrogate, calibrated online): the counterfactual above measures the
 quantity the controller needs -- tokens per step of each candidate tree, under this traffic -- with no model
 between; what it cannot see is a tree wider than any verified since the traffic changed, which the controller's
-exploration of never- or long-unmeasured widths covers (policy.py).
+exploration of never- or long-unmeasured widths covers (exploration.py).
 
 Contract:
   * ``tree_commits(path, widths)``: path [bs, D] node indices of the walked path (-1 past its end) -> [bs, len(widths)]
