@@ -18,10 +18,10 @@ Model:
     and a request shrinks toward its own class's. A class's global counts decay only at steps where the class is in
     the batch. Why: the global estimate is a new request's prior, and what a drafter's guesses are worth differs by
     class -- a greedy request accepts a draft token that is the target's argmax, a sampled one with the target's
-    probability of it. On CPU, prose at temperature 1 after a 50-user greedy code phase started each request from
-    the code prior (E(16) ~ 8) and spent 15 % of its steps at width 16 for ~1.02 tokens a step
-    (benchmarks/results/sweep-cpu/prose). Why frozen while absent: nothing new is known of an absent class, and a
-    decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either kind of traffic.
+    probability of it; with one prior, sampled prose after a greedy code phase started from the code prior and
+    drafted wide for about one token a step (docs/ADAPTIVE.md). Why frozen while absent: nothing new is known of an
+    absent class, and a decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either
+    kind of traffic.
 
 Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
 1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
@@ -148,7 +148,7 @@ class AcceptanceStats:
 
         Called again with the very same array object, the decay is deferred to the next read or change of the
         counts, where k such steps cost one multiplication by decay**k. Why: with speculation off a step observes
-        nothing else, and the decay's dozen small numpy calls cost ~60 us of every width-1 step in a server
+        nothing else, and the decay's dozen small numpy calls are a noticeable part of a width-1 step in a server
         (cache-cold). A caller that passes a fresh array per step gets the decay at once."""
         if slots is self._decay_slots:
             self._decay_steps += 1

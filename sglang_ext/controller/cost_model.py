@@ -249,8 +249,8 @@ class CostModel:
         takes the slope of its neighbours), intercept and slope interpolated linearly between measured buckets and
         held flat beyond. Why a line, not the mean: a seed modelled for other hardware has the wrong slope across
         widths -- the packaged H200 roofline is flat in b where a CPU's verify grows linearly with it -- and a
-        constant shift then priced an unmeasured chain 16 at 8 requests from two measured tree widths (32: 45 ms,
-        64: 70 ms; seeds 10 and 17) at 51 ms against its real 33 ms, so the controller never tried it."""
+        constant shift then priced an unmeasured chain width far above its real cost from two measured tree widths,
+        so the controller never tried it (docs/ADAPTIVE.md)."""
         nb = len(self.batch_buckets)
         x = np.asarray(self.block_sizes, dtype=float)
         slope = np.full(nb, np.nan)

@@ -2,8 +2,8 @@
 
 Why: the controller scores a width by expected committed tokens over step cost. A chain's expected tokens come from
 per-position acceptance (acceptance.py); a tree's are chain B's plus what its other branches add -- or minus what
-it loses where its budget leaves out the deep end of the greedy chain (a tree of 16 prefixes often stops at depth
-3-5 on code the chain would have accepted to 10). One tree step at width w measures this for every narrower tree
+it loses where its budget leaves out the deep end of the greedy chain (a narrow tree often stops shallow on code
+the chain would have accepted deep). One tree step at width w measures this for every narrower tree
 too: the tree's nodes are in score order (tree/build.py), so the tree of the best w' - 1 prefixes is its first
 w' - 1 nodes, and the target's choice at a node does not depend on which other nodes are verified, so the narrower
 tree walks the same path up to the path's first node outside it (exact for greedy; for sampling exact under the
