@@ -106,6 +106,10 @@ class BlockSizeController:
         # the learned state, for metrics and tests (each object lives as long as the controller)
         self.slots, self.stats, self.hindsight = self.requests.slots, self.requests.stats, self.requests.hindsight
         self.tree_gain, self.calibration = self.requests.tree_gain, self.requests.calibration
+        # the observations (identical on all ranks) go straight to the request state, which documents them
+        self.observe_step = self.requests.observe_step
+        self.observe_tree = self.requests.observe_tree
+        self.finish = self.requests.finish
         self.estimator = GoodputEstimator(cfg, cost, self._cands, self.requests)
         self.rule = WidthRule(cfg, cost, self._cands)
         self.exploration = Exploration(cfg, cost, self._cands)
@@ -147,37 +151,6 @@ class BlockSizeController:
         """(predicted batch goodput tokens/s, expected batch tokens) for every candidate; no state change.
         ``sampled``: which requests sample (None: all greedy) -- each starts from its class's prior."""
         return self.estimator.estimate(request_ids, sampled, self.rule.cur)[:2]
-
-    # -- observations (identical on all ranks) -----------------------------------------------------------------
-    def observe_step(
-        self,
-        request_ids: Sequence[Hashable],
-        block_size: int,
-        accepted: np.ndarray | Sequence[int],
-        drafted: np.ndarray | None,
-        committed: Sequence[Sequence[int]],
-        sampled: Sequence[bool] | None = None,
-        widths: Sequence[int] | None = None,
-    ) -> None:
-        """Feed one verified step (request_state.py).
-
-        accepted[i]: draft tokens accepted for request i (0..block_size-1).
-        drafted: [bs, max_block-1] full drafted block after the anchor, or None when the draft was skipped.
-        committed[i]: the tokens committed for request i this step (len = accepted[i] + 1).
-        sampled[i]: request i samples (temperature > 0); None: every request is greedy (its prior class).
-        widths[i]: a ragged step's width of request i (``Decision.widths``; ``block_size`` its widest): its verify
-        result is censored at widths[i] (it drafted no further).
-        """
-        self.requests.observe_step(request_ids, block_size, accepted, drafted, committed, sampled, widths)
-
-    def observe_tree(self, width: int, request_ids: Sequence[Hashable], path: np.ndarray) -> None:
-        """Feed one tree step of width ``width`` (after its ``observe_step``): ``path`` [bs, D] the walked node
-        indices (-1 past the end); every tree candidate no wider than ``width`` learns its gain (tree_gain.py)."""
-        self.requests.observe_tree(width, request_ids, path)
-
-    def finish(self, request_id: Hashable) -> None:
-        """Forget a finished/aborted request; its undecided hindsight blocks go to the global counts, censored."""
-        self.requests.finish(request_id)
 
     # -- cost table (rank 0 measures; everyone loads the broadcast) -----------------------------------------------
     def observe_step_time(self, batch_size: int, block_size: int, seconds: float, *, probe: bool = False) -> None:
@@ -245,16 +218,20 @@ class BlockSizeController:
 
     @property
     def steps_observed(self) -> int:
+        """Steps observed so far (the cost-sync clock, identical on every rank)."""
         return self.requests.steps_observed
 
     @property
     def switches(self) -> int:
+        """Decisions that changed the width."""
         return self.rule.switches
 
     @property
     def explorations(self) -> int:
+        """Widths tried for their step cost (exploration.py)."""
         return self.exploration.explorations
 
     @property
     def ragged_steps(self) -> int:
+        """Decisions that gave each request its own width."""
         return self.overlay.steps

@@ -5,8 +5,8 @@ Why: the observations change with what the worker reports (accepted counts, draf
 how a width is chosen; the decision side only reads the estimates held here.
 
 Contract:
-  * ``observe_step`` / ``observe_tree`` / ``finish`` are BlockSizeController's (policy.py worker contract); the
-    argument checks raise ``ValueError`` naming the argument.
+  * ``observe_step`` / ``observe_tree`` / ``finish`` are BlockSizeController's (policy.py: the worker's call
+    order); the argument checks raise ``ValueError`` naming the argument.
   * A request's estimate starts from its prior class's global one (PRIOR_CLASSES: 0 greedy, 1 sampled).
   * A step with a full drafted block is observed through hindsight only (it subsumes the censored verify result),
     so no step is counted twice; without one the verify result is recorded censored at the step's width.
@@ -92,7 +92,15 @@ class RequestState:
         sampled: Sequence[bool] | None = None,
         widths: Sequence[int] | None = None,
     ) -> None:
-        """Feed one verified step (arguments: BlockSizeController.observe_step)."""
+        """Feed one verified step.
+
+        accepted[i]: draft tokens accepted for request i (0..block_size-1).
+        drafted: [bs, max_block-1] full drafted block after the anchor, or None when the draft was skipped.
+        committed[i]: the tokens committed for request i this step (len = accepted[i] + 1).
+        sampled[i]: request i samples (temperature > 0); None: every request is greedy (its prior class).
+        widths[i]: a ragged step's width of request i (``Decision.widths``; ``block_size`` its widest): its verify
+        result is censored at widths[i] (it drafted no further).
+        """
         n = len(request_ids)
         b = int(block_size)
         if b == 1 and drafted is None and self._observe_elapsed(request_ids, accepted, committed, sampled):
@@ -192,7 +200,8 @@ class RequestState:
         return True
 
     def observe_tree(self, width: int, request_ids: Sequence[Hashable], path: np.ndarray) -> None:
-        """Feed one tree step (arguments: BlockSizeController.observe_tree)."""
+        """Feed one tree step of width ``width`` (after its ``observe_step``): ``path`` [bs, D] the walked node
+        indices (-1 past the end); every tree candidate no wider than ``width`` learns its gain (tree_gain.py)."""
         tree_widths = self.cands.tree_widths
         if int(width) not in tree_widths:
             raise ValueError(f"width: {width!r} is not a tree candidate {tree_widths}")
