@@ -18,16 +18,16 @@ Model:
     and a request shrinks toward its own class's. A class's global counts decay only at steps where the class is in
     the batch. Why: the global estimate is a new request's prior, and what a drafter's guesses are worth differs by
     class -- a greedy request accepts a draft token that is the target's argmax, a sampled one with the target's
-    probability of it. On CPU, prose at temperature 1 after a 50-user greedy code phase started each request from
-    the code prior (E(16) ~ 8) and spent 15 % of its steps at width 16 for ~1.02 tokens a step
-    (benchmarks/results/sweep-cpu/prose). Why frozen while absent: nothing new is known of an absent class, and a
-    decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either kind of traffic.
+    probability of it; with one prior, sampled prose after a greedy code phase started from the code prior and
+    drafted wide for about one token a step (docs/ADAPTIVE.md). Why frozen while absent: nothing new is known of an
+    absent class, and a decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either
+    kind of traffic.
 
 Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
 1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
 accepted_len < tried; positions beyond are unobserved. This one form covers a verify at width b
 (``tried = b - 1``, censored), a hindsight comparison (``tried = J``) and a flushed partial block
-(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see policy.observe_step).
+(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see request_state.py).
 
 Invariants (tested): 0 <= p <= 1; E_r(b) is non-decreasing in b and 1 <= E_r(b) <= b.
 """
@@ -105,7 +105,7 @@ class AcceptanceStats:
         self.version += 1
 
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:
-        """The prior class of each of ``slots`` (PRIOR_CLASSES in policy.py)."""
+        """The prior class of each of ``slots`` (PRIOR_CLASSES in request_state.py)."""
         if not np.array_equal(self.slot_class[slots], classes):
             self.flush_decay()  # the deferred decay applies to the classes the slots had
             self.slot_class[slots] = classes
@@ -148,7 +148,7 @@ class AcceptanceStats:
 
         Called again with the very same array object, the decay is deferred to the next read or change of the
         counts, where k such steps cost one multiplication by decay**k. Why: with speculation off a step observes
-        nothing else, and the decay's dozen small numpy calls cost ~60 us of every width-1 step in a server
+        nothing else, and the decay's dozen small numpy calls are a noticeable part of a width-1 step in a server
         (cache-cold). A caller that passes a fresh array per step gets the decay at once."""
         if slots is self._decay_slots:
             self._decay_steps += 1

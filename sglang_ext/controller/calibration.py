@@ -3,12 +3,10 @@
 Why: the per-position acceptance estimate (acceptance.py) is one curve for every width, learned mostly from full
 drafts (hindsight of probes and of width-B steps). But a DFlash drafter attends within its block both ways, so what
 it proposes at position j depends on how many positions it drafts: where the worker drafts only the b positions it
-verifies (CPU, ``prefix_drafts``), a width-b draft is not the first b positions of a full one. Measured on CPU with
-the bundled pair, greedy code: a server's own width-2 / 4 / 8 steps accepted 0.52 / 1.21 / 1.13 times the drafts
-the curve predicted for them (a one-position draft guesses worse, 3-7 positions better), and upstream's block-8
-DFlash accepted 5.48 tokens a step where the curve said 5.17. Without this the controller kept width 16 on 53-65 %
-of the steps at 16 users, where fixed 8 served 1.10-1.14x fixed 16's throughput. What the curve misses is measured
-here, per width, from that width's own steps -- the way tree_gain.py measures a tree against chain B.
+verifies (CPU, ``prefix_drafts``), a width-b draft is not the first b positions of a full one: a one-position
+draft guesses worse than the curve predicts, a few positions better, enough to keep the controller on too wide a
+width (docs/ADAPTIVE.md). What the curve misses is measured here, per width, from that width's own steps -- the way
+tree_gain.py measures a tree against chain B.
 
 Contract:
   * ``WidthCalibration(widths)``: ``observe(width, accepted, predicted)`` folds one step that ran ``width`` with the

@@ -19,7 +19,9 @@ Contract:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,73 +48,66 @@ def _is_real(x: Any) -> bool:
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Settings of the adaptive block-size controller (see docs/ARCHITECTURE.md §3).
-
-    mode: ``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``) or ``schedule``
-        (``{batch_size: block}``; the entry with the largest key <= batch size applies; below the smallest key the
-        smallest key's entry applies). ``cycle`` walks the candidates in order (or ``cycle_pattern``), one per
-        decode step: a diagnostic and test mode that exercises every width switch (never a performance setting).
-    candidates: verify widths the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (the
-        default) = auto: the powers of two below the drafter's trained block, and the block itself. A width above
-        the drafter's block B (up to TREE_WINDOW_BLOCKS x B; on GPU opted in, sglang_ext/names.py GPU_TREES) is a
-        DDTree of width - 1 draft prefixes.
-    hysteresis: relative predicted-goodput gain needed to switch away from the current block (0.03 = 3 %).
-    min_dwell_steps: decisions to stay on a block before a switch is considered (waived when the batch-size
-        bucket changes: a new load level is a new situation, not noise).
-    decay: per-step decay of a request's acceptance counts (memory ~ 1 / (1 - decay) of its decode steps).
-    global_decay: per-step decay of the global counts (the prior of new requests and of rarely seen positions).
-    prior_strength: k of the Beta prior that shrinks a request's estimate toward the global one.
-    global_prior_mean / global_prior_strength: Beta prior of the global estimate of position 1 before any data
-        (position j's prior is position j-1's estimate, with the same strength).
-    probe_interval: while the chosen block is 1 (draft skipped), or below the drafter's block with prefix drafts
-        (only b positions drafted), ask for a full draft every this many steps so hindsight keeps observing
-        acceptance (x 2 / 3 / 4 for batches of 16 / 24 / 32+ requests: one probe observes the whole batch,
-        policy.PROBE_ROWS); 0 disables probing.
-    probe_near_interval / probe_near_ratio: probe every ``probe_near_interval`` steps instead while the best drafted
-        width's predicted goodput is at least ``probe_near_ratio`` of width 1's (with prefix drafts, the best wider
-        width's of the current width's): when acceptance returns, the probes'
-        evidence then turns speculation back on within tens of steps rather than hundreds, while a workload the
-        drafter cannot guess (rival far below) keeps paying for the rare probe only. The interval doubles after
-        each such probe (up to ``probe_interval``) until the evidence moves toward drafting (policy.py). 0 disables.
-    fixed_block: the block of ``fixed`` mode (must be a candidate).
-    schedule: the table of ``schedule`` mode; stored as a sorted tuple of ``(batch_size, block)`` pairs.
-    cycle_pattern: the widths ``cycle`` mode walks, one per step, repeating (e.g. ``[1, 1, 1, 1, 1, 16]``: drafting
-        pauses for five steps and resumes); every width must be a candidate. Unset: the candidates in order.
-    cost_ema: weight of a new step-time measurement in the cost table's EMA.
-    cost_sync_interval: observed steps between cost-table broadcasts (see ``BlockSizeController.cost_sync_due``).
-    objective: ``steady`` (default) scores block b by the long-run goodput of a closed batch, bs * H(b) / T(B, b),
-        H = token-weighted harmonic mean of E_r(b) (requests that accept less stay longer in the batch); ``step``
-        scores by this step's goodput, sum_r E_r(b) / T(B, b). Both agree at the current block. See policy.py.
-    explore_margin: try a block whose cost cell (this batch bucket) is unmeasured or stale when its predicted
-        goodput is within this fraction of the current block's, for one dwell period; 0 disables.
-    explore_stale_measurements: a cost cell counts as stale after this many step-time measurements elsewhere.
-    per_request_widths: let a step verify a width per request (a ragged step, policy.py) when the cost table
-        predicts more than ``hysteresis`` over the batch-wide width, wherever the worker can run it (CPU, greedy
-        batches with nothing applied to the logits; refused on a GPU). Off by default: side by side it read
-        0.92-0.96x one width per batch at 4-8 users in two of four runs (README "Per-request widths").
-    """
+    """Settings of the adaptive block-size controller (docs/ARCHITECTURE.md §3); each field's docstring says what it
+    means."""
 
     mode: str = "adaptive"
+    """``adaptive`` (argmax of predicted goodput), ``fixed`` (always ``fixed_block``), ``schedule`` (``schedule``'s
+    width for the batch size) or ``cycle`` (the candidates in order, or ``cycle_pattern``, one per decode step: a
+    diagnostic and test mode that exercises every width switch, never a performance setting)."""
     candidates: tuple[int, ...] | None = None
+    """Verify widths the worker has resources (CUDA graphs) for; strictly increasing, >= 1. None (auto): the powers
+    of two below the drafter's trained block B, and B. A width above B (up to TREE_WINDOW_BLOCKS x B; on GPU opted
+    in, sglang_ext/names.py GPU_TREES) verifies a DDTree of width - 1 draft prefixes."""
     hysteresis: float = 0.03
+    """Relative predicted-goodput gain needed to switch away from the current width (0.03 = 3 %)."""
     min_dwell_steps: int = 8
+    """Decisions to stay on a width before a switch is considered (waived when the batch-size bucket changes)."""
     decay: float = 0.99
+    """Per-step decay of a request's acceptance counts (memory ~ 1 / (1 - decay) of its decode steps)."""
     global_decay: float = 0.99
+    """Per-step decay of the global acceptance counts (the prior of new requests and of rarely seen positions)."""
     prior_strength: float = 8.0
+    """k of the Beta prior that shrinks a request's acceptance estimate toward the global one."""
     global_prior_mean: float = 0.5
+    """Mean of the Beta prior of the global estimate of position 1 before any data (position j's prior is position
+    j - 1's estimate)."""
     global_prior_strength: float = 2.0
+    """Strength of the Beta prior of the global estimate of every position."""
     probe_interval: int = 32
+    """Steps between probes (a full draft at a width that drafts less, so acceptance keeps being observed),
+    stretched for large batches (sglang_ext/controller/probes.py); 0 disables probing."""
     probe_near_interval: int = 4
+    """Steps between probes while a wider width is predicted within ``probe_near_ratio`` of the current one's
+    goodput, doubling after each such probe up to ``probe_interval`` (probes.py); 0 disables."""
     probe_near_ratio: float = 0.7
+    """How near (a fraction of the current width's predicted goodput) a wider width must be for near probes."""
     fixed_block: int | None = None
+    """The width of ``fixed`` mode (must be a candidate)."""
     schedule: Any = None  # Mapping[int, int] | tuple[tuple[int, int], ...] | None; normalised to a tuple
+    """``schedule`` mode's table ``{batch_size: width}``: the entry with the largest key <= the batch size applies,
+    below the smallest key the smallest key's; stored as a sorted tuple of ``(batch_size, width)`` pairs."""
     cycle_pattern: tuple[int, ...] | None = None
+    """The widths ``cycle`` mode walks, one per step, repeating (e.g. ``[1, 1, 1, 1, 1, 16]``: drafting pauses for
+    five steps and resumes); every width must be a candidate. Unset: the candidates in order."""
     cost_ema: float = 0.1
+    """Weight of a new step-time measurement in the cost table's EMA."""
     cost_sync_interval: int = 16
+    """Observed steps between cost-table broadcasts across TP ranks."""
     objective: str = "steady"
+    """How a width is scored: ``steady`` by the long-run goodput of a busy batch (token-weighted harmonic mean of
+    the requests' expected tokens over the step cost), ``step`` by this step's goodput (sum over the step cost);
+    sglang_ext/controller/estimate.py."""
     explore_margin: float = 0.1
+    """Try a width whose step cost at this batch size is unmeasured or stale, for one dwell period, when its
+    predicted goodput is within this fraction of the current width's (exploration.py); 0 disables."""
     explore_stale_measurements: int = 4096
+    """A cost cell counts as stale after this many step-time measurements elsewhere."""
     per_request_widths: bool = False
+    """Let a step verify a width per request (a ragged step, ragged_overlay.py) when that is predicted to beat the
+    batch-wide width by more than ``hysteresis``, where the worker can run it (CPU, greedy batches with nothing
+    applied to the logits; refused on a GPU). Off by default: side by side it has both won and lost against one
+    width per batch (docs/ADAPTIVE.md)."""
 
     def __post_init__(self) -> None:
         # Normalise containers before validating so the stored record is hashable and canonical.
@@ -265,6 +260,19 @@ class ControllerConfig:
         if "candidates" in kwargs and isinstance(kwargs["candidates"], list):
             kwargs["candidates"] = tuple(kwargs["candidates"])
         return cls(**kwargs)
+
+
+def field_docs() -> dict[str, str]:
+    """Each ControllerConfig field's docstring (the string under the field), by field name, whitespace folded: what
+    a generated settings reference prints."""
+    tree = ast.parse(inspect.getsource(ControllerConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def _normalise_schedule(sched: Any) -> tuple[tuple[int, int], ...]:

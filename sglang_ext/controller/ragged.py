@@ -1,29 +1,29 @@
 """Per-request verify widths: which width each request of a batch verifies in a ragged step.
 
-Why: one width per batch makes a request the drafter cannot guess verify as wide as the ones it guesses well, and
-on a verify that is compute on every token (CPU, a GPU past its knee) those rows cost as much as useful ones.
-benchmarks/per_request_widths.py bounded the gain on this CPU's cost table at 1.05-1.12x (2-32 requests, the code
-mix, perfect knowledge); a ragged step -- request r drafts and verifies b_r positions, exactly what a batch-wide
-width-b_r step would run for it -- takes what that bound allows.
+Why: one width per batch makes a request the drafter cannot guess verify as wide as the ones it guesses well, and on
+a verify that is compute on every token (CPU, a GPU past its knee) those rows cost as much as useful ones.
+benchmarks/per_request_widths.py bounds the gain with perfect knowledge (docs/ADAPTIVE.md); a ragged step -- request
+r drafts and verifies b_r positions, exactly what a batch-wide width-b_r step would run for it -- takes what that
+bound allows.
 
-Contract: a ragged step of widths b_r runs sum_r b_r draft and verify rows, as many as a batch-wide step of the
-mean width m = mean(b_r). ``ragged_cost(points, floor, b)`` prices it from the batch's measured drafted widths
-(``points``: (width, seconds) of the cells with measurements, widths >= 2, increasing): interpolated between the
-two measured widths around m, the narrowest measured width's cost below it, never below ``floor`` (width 1's),
-and infinite above the widest measured width. Only measured cells, and only from above: an unmeasured cell is an
-extrapolation (a server's bucket of 16 requests priced widths 1-4 at bucket 8's costs, and ragged steps there
-read 0.95x the batch-wide width's throughput), and on a compute-bound, convex row the chord between two measured
-widths lies above the row. ``assign(E, widths, points, floor, start)`` -> (picks, goodput): the assignment of
-``widths`` (any candidate: the price depends on the mean only) maximising sum_r E_r(b_r) / ragged_cost among the
-batch's efficient assignments: from every request at the narrowest width, widen one request one step at a time in
-order of tokens gained per row added (E_r is concave in b: each deeper position is accepted less often), so each
-prefix of that order is the most tokens for its rows; every prefix is priced and the best kept. Where the price
-is flat (below the narrowest measured width, or at width 1's floor) the best assignment can lie between two
-prefixes: the answer is then within 3 % of the brute-force best on a fully measured row, 7 % with two measured
-widths (tests/unit/controller/test_ragged.py; 0.996 of it on average). ``picks`` indexes ``widths``.
-Invariants: pure numpy (no torch, no SGLang), deterministic (a stable sort: ties go to the earlier request and
-its narrower step), so every TP rank assigns the same widths from the same inputs; the goodput returned is that
-of the picks at their price.
+Contract: a ragged step of widths b_r runs sum_r b_r draft and verify rows, as many as a batch-wide step of the mean
+width m = mean(b_r). ``ragged_cost(points, floor, b)`` prices it from the batch's measured drafted widths
+(``points``: (width, seconds) of the cells with measurements, widths >= 2, increasing): interpolated between the two
+measured widths around m, the narrowest measured width's cost below it, never below ``floor`` (width 1's), and
+infinite above the widest measured width. Only measured cells, and only from above: an unmeasured cell is an
+extrapolation (priced from a neighbouring bucket's costs, ragged steps ran slower than the batch-wide width), and on
+a compute-bound, convex row the chord between two measured widths lies above the row. ``assign(E, widths, points,
+floor, start)`` -> (picks, goodput): the assignment of ``widths`` (any candidate: the price depends on the mean
+only) maximising sum_r E_r(b_r) / ragged_cost among the batch's efficient assignments: from every request at the
+narrowest width, widen one request one step at a time in order of tokens gained per row added (E_r is concave in b:
+each deeper position is accepted less often), so each prefix of that order is the most tokens for its rows; every
+prefix is priced and the best kept. Where the price is flat (below the narrowest measured width, or at width 1's
+floor) the best assignment can lie between two prefixes: the answer is then within 3 % of the brute-force best on a
+fully measured row, 7 % with two measured widths (tests/unit/controller/test_ragged.py). ``picks`` indexes
+``widths``.
+Invariants: pure numpy (no torch, no SGLang), deterministic (a stable sort: ties go to the earlier request and its
+narrower step), so every TP rank assigns the same widths from the same inputs; the goodput returned is that of the
+picks at their price.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Why: the controller scores a width by expected committed tokens over step cost. A chain's expected tokens come from
 per-position acceptance (acceptance.py); a tree's are chain B's plus what its other branches add -- or minus what
-it loses where its budget leaves out the deep end of the greedy chain (a tree of 16 prefixes often stops at depth
-3-5 on code the chain would have accepted to 10). One tree step at width w measures this for every narrower tree
+it loses where its budget leaves out the deep end of the greedy chain (a narrow tree often stops shallow on code
+the chain would have accepted deep). One tree step at width w measures this for every narrower tree
 too: the tree's nodes are in score order (tree/build.py), so the tree of the best w' - 1 prefixes is its first
 w' - 1 nodes, and the target's choice at a node does not depend on which other nodes are verified, so the narrower
 tree walks the same path up to the path's first node outside it (exact for greedy; for sampling exact under the
@@ -14,7 +14,7 @@ on the greedy token itself, which the chain would have verified further).
 Why not calibrated marginals (DDTree's surrogate, calibrated online): the counterfactual above measures the
 quantity the controller needs -- tokens per step of each candidate tree, under this traffic -- with no model
 between; what it cannot see is a tree wider than any verified since the traffic changed, which the controller's
-exploration of never- or long-unmeasured widths covers (policy.py).
+exploration of never- or long-unmeasured widths covers (exploration.py).
 
 Contract:
   * ``tree_commits(path, widths)``: path [bs, D] node indices of the walked path (-1 past its end) -> [bs, len(widths)]

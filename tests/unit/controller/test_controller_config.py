@@ -8,6 +8,7 @@ import json
 import pytest
 
 from sglang_ext.controller import ControllerConfig
+from sglang_ext.controller.config import field_docs
 
 
 def test_defaults_match_the_worker_contract() -> None:
@@ -130,3 +131,10 @@ def test_cycle_pattern_is_cycle_modes_and_made_of_candidates() -> None:
         ControllerConfig(mode="cycle", cycle_pattern=())
     cfg = ControllerConfig(mode="cycle", cycle_pattern=(1, 16))
     assert ControllerConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_every_setting_has_its_own_docstring_for_the_generated_reference() -> None:
+    """A settings reference generated from the config prints each field's own docstring: none may be missing."""
+    docs = field_docs()
+    assert sorted(docs) == sorted(f.name for f in dataclasses.fields(ControllerConfig))
+    assert [name for name, doc in docs.items() if len(doc.split()) < 4] == []

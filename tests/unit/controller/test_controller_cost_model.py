@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from sglang_ext.controller import CostModel
-from sglang_ext.controller.cost_model import DEFAULT_BUCKETS, isotonic, monotone_table
+from sglang_ext.controller.cost_model import DEFAULT_BUCKETS
+from sglang_ext.controller.table_fit import isotonic, monotone_table
 
 BLOCKS = (1, 2, 4, 8, 16)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)

@@ -357,7 +357,7 @@ def test_state_freed_no_growth_over_100k_requests() -> None:
     assert ctrl.stats.capacity == ctrl.slots.capacity
     assert ctrl.hindsight is not None and ctrl.hindsight.capacity == ctrl.slots.capacity
     assert not ctrl.hindsight.pend_valid.any()
-    assert len(ctrl._explored) <= len(BUCKETS) * len(BLOCKS)
+    assert len(ctrl.exploration.explored) <= len(BUCKETS) * len(BLOCKS)
     assert ctrl.stats.n_g[:4].min() > 0  # the flushed blocks reached the global counts
 
 
@@ -657,12 +657,12 @@ def test_a_width1_step_of_an_unchanged_batch_is_still_checked() -> None:
 def test_decisions_reuse_their_estimate_only_while_nothing_but_the_decay_changed(monkeypatch) -> None:
     """GOODPUT_REUSE_STEPS: the estimate is recomputed at least that often, and at once after an observation,
     a batch change, another class mix or a cost-table sync."""
-    from sglang_ext.controller import policy
+    from sglang_ext.controller.estimate import GOODPUT_REUSE_STEPS, GoodputEstimator
 
     ctrl = BlockSizeController(ControllerConfig(probe_interval=0, explore_margin=0.0), CostModel.default(BLOCKS))
     calls = []
-    real = BlockSizeController._estimate
-    monkeypatch.setattr(BlockSizeController, "_estimate", lambda self, *a: calls.append(1) or real(self, *a))
+    real = GoodputEstimator.estimate
+    monkeypatch.setattr(GoodputEstimator, "estimate", lambda self, *a: calls.append(1) or real(self, *a))
 
     def computed(decide) -> int:
         before = len(calls)
@@ -672,8 +672,8 @@ def test_decisions_reuse_their_estimate_only_while_nothing_but_the_decay_changed
     ids = ["a", "b"]
     assert computed(lambda: ctrl.decide(ids)) == 1
     assert computed(lambda: ctrl.decide(ids)) == 1  # the first decision set the current width: an input
-    reused = [computed(lambda: ctrl.decide(ids)) for _ in range(3 * policy.GOODPUT_REUSE_STEPS)]
-    n = policy.GOODPUT_REUSE_STEPS
+    reused = [computed(lambda: ctrl.decide(ids)) for _ in range(3 * GOODPUT_REUSE_STEPS)]
+    n = GOODPUT_REUSE_STEPS
     assert reused == ([0] * (n - 1) + [1]) * 3  # every GOODPUT_REUSE_STEPS decisions
     assert computed(lambda: ctrl.decide(["a"])) == 1  # another batch
     assert computed(lambda: ctrl.decide(["a"], sampled=[True])) == 1  # another class

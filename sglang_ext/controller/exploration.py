@@ -1,0 +1,87 @@
+"""Exploration: try a width whose step cost at this load was never (or long ago) measured.
+
+Why: an unmeasured cost cell is extrapolated; if the extrapolation overstates it the width is never chosen, hence
+never measured (a pessimism trap; docs/ADAPTIVE.md).
+
+Contract: ``pick(bs, bucket, good, cur, step)`` -> the candidate to run instead of ``cur`` for one dwell period,
+or ``cur``. A candidate qualifies when its cost cell in this batch bucket has fewer than max(4, min_dwell_steps)
+measurements or more than ``explore_stale_measurements`` measurements elsewhere since its last, and its predicted
+goodput is within ``explore_margin`` of ``cur``'s; or, when the seed table was modelled rather than profiled on this
+machine (``CostModel.active_seed_measured`` False), when its cell was never measured, it predicts at least
+NEVER_FLOOR of ``cur``'s goodput, and the width was not measured at a bucket within 2x of this batch size
+(``CostModel.active_measured_near``: its cell is then priced from that measurement). The best-predicted
+qualifying candidate not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions is
+picked. ``explorations`` counts the picks.
+Invariants: depends only on the broadcast cost table and the decision count (identical on every TP rank).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .candidates import Candidates
+from .config import ControllerConfig
+from .cost_model import CostModel
+
+# The least fraction of the current width's goodput at which a never-measured cell under a modelled seed is tried.
+# Why a floor: below it the extrapolated cost would have to be over 2x too high to hide a better width (unmeasured
+# cells are priced on the line of the bucket's measured residuals), while trying a hopeless width costs a dwell
+# period of much dearer steps at every new load level.
+NEVER_FLOOR = 0.5
+
+
+class Exploration:
+    """Which unmeasured or stale cost cell to try (module contract)."""
+
+    def __init__(self, cfg: ControllerConfig, cost: CostModel, cands: Candidates) -> None:
+        self.cfg = cfg
+        self.cost_model = cost
+        self._cost_idx = cands.cost_idx
+        self.explorations = 0
+        self.explored: dict[tuple[int, int], int] = {}  # (bucket, candidate) -> decision count when last tried
+        self._under_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._under_version = -1
+        self._ok_for: tuple | None = None  # the inputs of the candidates it holds (`good` by identity)
+        self._ok = np.zeros(0, dtype=bool)
+
+    def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+        """(under-measured or stale cells, never-measured cells to try whatever the margin) of the bucket."""
+        version = self.cost_model.version
+        if self._under_version != version:
+            self._under_cache.clear()
+            self._under_version = version
+        cached = self._under_cache.get(bucket)
+        if cached is None:
+            counts, age = self.cost_model.active_evidence(bs)
+            counts, age = counts[self._cost_idx], age[self._cost_idx]
+            need = max(4, self.cfg.min_dwell_steps)
+            under = (counts < need) | (age > self.cfg.explore_stale_measurements)
+            never = (counts == 0) & (not self.cost_model.active_seed_measured)
+            if never.any():
+                never &= ~self.cost_model.active_measured_near(bs)[self._cost_idx]
+            cached = (under, never)
+            self._under_cache[bucket] = cached
+        return cached
+
+    def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int) -> int:
+        """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract)."""
+        under, never = self._unmeasured(bs, bucket)
+        if not under.any():
+            return cur
+        version = self.cost_model.version
+        if self._ok_for is not None and self._ok_for[0] is good and self._ok_for[1:] == (cur, bucket, version):
+            ok = self._ok  # the same (reused) estimate, width, bucket and table: the same candidates
+        else:
+            near = good >= good[cur] * (1.0 - self.cfg.explore_margin)
+            ok = (under & near) | (never & (good >= good[cur] * NEVER_FLOOR))
+            ok[cur] = False
+            self._ok_for, self._ok = (good, cur, bucket, version), ok
+        if not ok.any():
+            return cur
+        cooldown = 4 * max(self.cfg.cost_sync_interval, self.cfg.min_dwell_steps)
+        for k in np.argsort(-good):
+            k = int(k)
+            if ok[k] and step - self.explored.get((bucket, k), -(10**18)) >= cooldown:
+                self.explored[(bucket, k)] = step
+                self.explorations += 1
+                return k
+        return cur

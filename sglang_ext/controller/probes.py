@@ -1,0 +1,85 @@
+"""The probe schedule: when a step that drafts less than the full block drafts it anyway, to keep learning.
+
+Why: at width 1 the worker skips the draft and, with prefix drafts, a width 1 < b < max_block drafts only b
+positions; hindsight (hindsight.py) learns acceptance from full drafted blocks only, so without probes the evidence
+that would turn speculation back on (or widen) never arrives. A probe costs a draft forward, so it is rare unless
+it may pay (docs/ADAPTIVE.md holds the evidence for the intervals and thresholds).
+
+Contract (adaptive mode, ``probe_interval`` > 0, a drafter block above 1; a step that drafts the full block
+anyway is never a probe and restarts the count):
+  * far: a probe every ``probe_interval`` x min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS)) steps: one probe
+    observes every request of the batch, so a larger batch needs fewer.
+  * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's, every
+    ``probe_near_interval`` steps instead, that interval doubling after each near probe (up to the far one), and
+    back to ``probe_near_interval`` when the acceptance evidence -- the widest width's expected tokens over the
+    current width's -- has risen by more than PROBE_SURPRISE since the last probe, or when the width switches
+    (neither to try a width, exploration.py, nor back to the width an exploration left: that is no news about
+    acceptance).
+Invariants: depends only on the estimate and the call sequence (identical on every TP rank).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ControllerConfig
+from .width_rule import Choice
+
+# the far interval's stretch: x min(PROBE_STRETCH_MAX, batch // PROBE_ROWS)
+PROBE_ROWS = 8
+PROBE_STRETCH_MAX = 4
+# a relative rise of the acceptance evidence since the last probe that restarts the near-probe doubling; the
+# evidence is a ratio of expected tokens, so it moves with acceptance only, not with the cost table's jitter
+PROBE_SURPRISE = 0.05
+
+
+class ProbeSchedule:
+    """Whether this step probes (module contract)."""
+
+    def __init__(self, cfg: ControllerConfig, max_block: int) -> None:
+        self.cfg = cfg
+        self.enabled = cfg.mode == "adaptive" and cfg.probe_interval > 0 and max_block > 1
+        self._since_draft = 0
+        self._backoff = 0  # near probes so far that left the acceptance evidence no higher (doubling)
+        self._excursion_from: int | None = None  # the width an exploration left, while it is away from it
+        self._evidence = float("inf")  # the acceptance evidence at the last probe
+
+    def far_interval(self, bs: int) -> int:
+        return self.cfg.probe_interval * min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS))
+
+    def _interval(self, good: np.ndarray, tokens: np.ndarray, k: int, bs: int) -> tuple[int, float]:
+        """(steps between probes at candidate ``k``, the acceptance evidence)."""
+        cfg = self.cfg
+        far = self.far_interval(bs)
+        if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
+            evidence = float(tokens[k + 1:].max()) / float(tokens[k])
+            if float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k]):
+                if evidence > self._evidence * (1.0 + PROBE_SURPRISE):
+                    self._backoff = 0  # acceptance moved toward drafting since the last probe: look again
+                return min(far, cfg.probe_near_interval << self._backoff), evidence
+            return far, evidence
+        return far, 0.0
+
+    def _note(self, choice: Choice, dwell: int) -> None:
+        """Restart the near doubling on a switch that is news about acceptance."""
+        k, cur = choice.k, choice.previous
+        if choice.switched or cur is None:
+            if not (choice.explored or (k == self._excursion_from and self._excursion_from is not None)):
+                self._backoff, self._evidence = 0, float("inf")
+            self._excursion_from = cur if choice.explored else None
+        elif dwell > self.cfg.min_dwell_steps:
+            self._excursion_from = None  # kept past its dwell: the tried width was adopted, leaving it is a switch
+
+    def due(self, choice: Choice, dwell: int, draft_full: bool, good: np.ndarray, tokens: np.ndarray,
+            bs: int) -> bool:
+        """Whether this decision (``draft_full``: its width drafts the full block anyway) probes."""
+        self._note(choice, dwell)
+        probe = False
+        if not draft_full and self.enabled:
+            interval, evidence = self._interval(good, tokens, choice.k, bs)
+            probe = self._since_draft + 1 >= interval
+            if probe:
+                self._evidence = evidence
+                if interval < self.far_interval(bs):  # a near probe below the cap: the next one waits longer
+                    self._backoff += 1
+        self._since_draft = 0 if (draft_full or probe) else self._since_draft + 1
+        return probe
