@@ -300,3 +300,40 @@ def test_watermarking_with_dflash_is_refused_naming_the_field(tmp_path, tiny_pai
     data["speculative"] = {"algorithm": "none"}
     check(load_config(write(tmp_path, data)))  # plain decoding watermarks as SGLang does
 
+
+def _target_with_generation_config(tmp_path: Path, pair, **generation) -> Path:
+    """A copy of the pair's target (its files linked) whose generation_config.json sets `generation`."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in pair["target"].iterdir():
+        if f.name != "generation_config.json":
+            (target / f.name).symlink_to(f.resolve())
+    (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, **generation}))
+    return target
+
+
+def test_a_model_default_dflash_cannot_serve_losslessly_is_refused_at_start_up(tmp_path, tiny_pair):
+    """SGLang applies the model's generation_config to every chat request (`sampling_defaults: model`): a repetition
+    penalty there, under the overlap scheduler (GPU), would get every chat request refused or served lossy."""
+    data = good(tiny_pair) | {"server": {"device": "cuda"}}
+    data["model"]["path"] = str(_target_with_generation_config(tmp_path, tiny_pair, repetition_penalty=1.05))
+    with pytest.raises(ConfigError, match=r"^model.path: its generation_config.json sets repetition_penalty 1.05 .*"
+                                          r"overlap scheduler.*sglang_args.disable_overlap_schedule: true.*"
+                                          r"sglang_args.sampling_defaults: openai"):
+        check(load_config(write(tmp_path, data)))
+    for fix in ({"disable_overlap_schedule": True}, {"sampling_defaults": "openai"}):
+        check(load_config(write(tmp_path, data | {"sglang_args": fix})))
+    check(load_config(write(tmp_path, data | {"speculative": {"algorithm": "none"}})))  # plain decoding serves it
+    check(load_config(write(tmp_path, data | {"server": {"device": "cpu"}})))  # no overlap scheduler on CPU
+
+
+def test_an_operator_default_dflash_cannot_serve_losslessly_is_refused_at_start_up(tmp_path, tiny_pair):
+    data = good(tiny_pair) | {"sglang_args": {"preferred_sampling_params": '{"sampling_seed": 7}'}}
+    with pytest.raises(ConfigError, match=r"^sglang_args.preferred_sampling_params: sets sampling_seed 7 .*"
+                                          r"remove it from sglang_args.preferred_sampling_params"):
+        check(load_config(write(tmp_path, data)))
+    data["sglang_args"]["preferred_sampling_params"] = '{"sampling_seed": 7, "temperature": 0}'  # greedy: no coins
+    check(load_config(write(tmp_path, data)))
+    data["sglang_args"]["preferred_sampling_params"] = "{not json"
+    with pytest.raises(ConfigError, match=r"^sglang_args.preferred_sampling_params: not a JSON object"):
+        check(load_config(write(tmp_path, data)))
