@@ -5,9 +5,11 @@ SGLang 0.5.23 writes the server arguments to its log twice, redacting only water
 `entrypoints/engine.py _server_args_for_logging`. Both would print `api_key` / `admin_api_key`.
 `GET /server_info` and `/get_server_info` answer any client with `resolved_dict()`, the launch command (whose
 argv holds `--api-key`: service/server_entry.py puts it there) and every scheduler's `internal_states` (the resolved
-server arguments again), passed through `redact_watermark_secrets` on the way out: that name in
-`entrypoints/http_server` is wrapped to mask the keys too. Retired by upstream redacting both keys where it redacts
-the watermark's.
+server arguments again), passed through `redact_watermark_secrets` on the way out; a crash dump
+(`TokenizerManager.dump_requests_before_crash`, with `crash_dump_folder`) pickles the ServerArgs record, the
+resolved config and `sys.argv`. The names `redact_watermark_secrets` / `redact_watermark_command_line` in
+`entrypoints/http_server` and `managers/tokenizer_manager`, and `TokenizerManager._server_args_for_dump`, are
+wrapped to mask the keys too. Retired by upstream redacting both keys where it redacts the watermark's.
 """
 from __future__ import annotations
 
@@ -66,17 +68,40 @@ def masked(value: Any) -> Any:
     return value
 
 
-def _patch_server_info(hs: ModuleType) -> None:
-    def make(original):
+def _mask_where_watermarks_are_redacted(module: ModuleType) -> None:
+    """The module's own names of the watermark redaction functions mask the keys too."""
+    def make_secrets(original):
         def redact_watermark_secrets(value, *args, **kwargs):
             return masked(original(value, *args, **kwargs))
 
         return redact_watermark_secrets
 
-    wrap(hs, "redact_watermark_secrets", make)
+    def make_command(original):
+        def redact_watermark_command_line(argv, *args, **kwargs) -> str:
+            return mask_key_flags(original(argv, *args, **kwargs))
+
+        return redact_watermark_command_line
+
+    for name, make in (("redact_watermark_secrets", make_secrets), ("redact_watermark_command_line", make_command)):
+        if hasattr(module, name):
+            wrap(module, name, make)
+
+
+def _patch_crash_dump(tm: ModuleType) -> None:
+    _mask_where_watermarks_are_redacted(tm)
+
+    def make(original):
+        def _server_args_for_dump(self):
+            shown = original(self)  # the ServerArgs record itself unless watermarking is on
+            return masked(shown if isinstance(shown, dict) else shown.resolved_dict())
+
+        return _server_args_for_dump
+
+    wrap(tm.TokenizerManager, "_server_args_for_dump", make)
 
 
 def install() -> None:
     when_imported("sglang.srt.server_args", _patch_repr)
     when_imported("sglang.srt.entrypoints.engine", _patch_engine_log)
-    when_imported("sglang.srt.entrypoints.http_server", _patch_server_info)
+    when_imported("sglang.srt.entrypoints.http_server", _mask_where_watermarks_are_redacted)
+    when_imported("sglang.srt.managers.tokenizer_manager", _patch_crash_dump)
