@@ -79,16 +79,19 @@ def check_logprob_args(obj, vocab_size: int) -> None:
                          "input logprobs")
 
 
+def check_custom_logit_processor(obj, server_args) -> None:
+    if is_dflash(getattr(server_args, "speculative_algorithm", None)) and getattr(obj, "custom_logit_processor", None):
+        raise ValueError("custom_logit_processor is not supported with DFlash speculative decoding (its verify rows "
+                         "would not see the tokens before them); serve this request without speculation")
+
+
 def check_speculative_sampling(obj, server_args, preferred: Mapping[str, Any] | None) -> None:
-    """Refuse what DFlash would serve differently from plain decoding (a 400 naming the parameter), judged on the
-    parameters the request is served with: the operator's `preferred` defaults under the request's own, as
+    """Refuse sampling DFlash would serve differently from plain decoding (a 400 naming the parameter), judged on
+    the parameters the request is served with: the operator's `preferred` defaults under the request's own, as
     `_create_tokenized_object` merges them (the model's generation_config defaults are in a chat request's
     already). The same rule refuses such defaults at start-up (service/preflight.py)."""
     if not is_dflash(getattr(server_args, "speculative_algorithm", None)):
         return
-    if getattr(obj, "custom_logit_processor", None):
-        raise ValueError("custom_logit_processor is not supported with DFlash speculative decoding (its verify rows "
-                         "would not see the tokens before them); serve this request without speculation")
     params = getattr(obj, "sampling_params", None)
     if not isinstance(params, dict):
         return
@@ -112,6 +115,7 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
                 check_token_ids(input_ids, vocab_size)
             if vocab_size:
                 check_logprob_args(obj, vocab_size)
+            check_custom_logit_processor(obj, getattr(self, "server_args", None))
             return original(self, obj, input_ids)
 
         return _validate_one_request
