@@ -145,9 +145,14 @@ class ManagedFleet:
         argv[argv.index("--config") + 1] = str(self.config_path)
         self.argv = [sys.executable, "-m", "service.cli", *argv]
         self.env = env
-        key_env = config["server"].get("api_key_env")
-        self.api_key = ((env or {}).get(key_env) or os.environ.get(key_env)) if key_env else None
+        def key(field: str) -> str | None:
+            name = config["server"].get(field)
+            return ((env or {}).get(name) or os.environ.get(name)) if name else None
+
+        self.api_key = key("api_key_env")
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        admin_key = key("admin_api_key_env")  # the router's control plane (/workers) takes only the admin key
+        self.admin_headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ManagedFleet":
@@ -174,8 +179,8 @@ class ManagedFleet:
                 if line.startswith("dflash-serve fleet: ")]
 
     def workers(self) -> dict[str, bool]:
-        """The router's view: replica URL -> healthy."""
-        workers = http_json(f"{self.url}/workers", headers=self.headers, timeout=10)["workers"]
+        """The router's view: replica URL -> healthy (needs the config's admin key)."""
+        workers = http_json(f"{self.url}/workers", headers=self.admin_headers, timeout=10)["workers"]
         return {w["url"]: w["is_healthy"] for w in workers}
 
     def stop(self, timeout: float = 120) -> int | None:

@@ -59,7 +59,14 @@ class ServerConfig(_Strict):
     port: int = Field(30000, ge=1, le=65535, description="Port; a port in use is refused before start.")
     device: Device = Field(Device.cpu, description="cpu (activates the CPU layer) or cuda.")
     api_key_env: str | None = Field(
-        None, description="Name of the environment variable holding the API key (never the key itself).")
+        None, description="Name of the environment variable holding the API key (never the key itself): the client "
+                          "key, for generation and the other non-admin routes.")
+    admin_api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the admin key (never the key itself): the only "
+                          "key SGLang's admin routes (/configure_logging, /flush_cache, /abort_request, "
+                          "/pause_generation, /update_weights_*, LoRA loading, profiling, ...) and the fleet router's "
+                          "control plane (/workers) accept. Unset: those routes are refused (403) to every client. "
+                          "Must differ from the API key.")
     metrics: bool = Field(True, description="Expose Prometheus metrics on /metrics.")
     cpu_threads: int | Literal["auto"] = Field(
         "auto", description="Torch threads per server process on CPU; auto = cores - 1 (min 1), which "
@@ -79,6 +86,13 @@ class ServerConfig(_Strict):
         50, gt=0, description="After SIGTERM/SIGINT, how long in-flight requests may take to finish (new ones "
                               "get 503) before the launcher kills the server. Keep it below the orchestrator's "
                               "own grace period (compose stop_grace_period).")
+
+    @model_validator(mode="after")
+    def _two_key_variables(self):
+        if self.admin_api_key_env is not None and self.admin_api_key_env == self.api_key_env:
+            raise ValueError(f"admin_api_key_env: names the same variable as api_key_env ({self.api_key_env}); the "
+                             f"admin key must be a different key, in its own variable")
+        return self
 
     @field_validator("cpu_threads")
     @classmethod

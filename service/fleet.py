@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -243,11 +244,11 @@ def healthy(url: str, timeout: float = 4) -> bool:
         return False
 
 
-def router_healthy_workers(fp: FleetPlan, api_key: str | None = None) -> int:
+def router_healthy_workers(fp: FleetPlan, key: str | None = None) -> int:
     """How many of our replicas the router lists as healthy (its /workers; the router's own /health says only
     that the router is up, and it answers 503 `no_available_workers` until its workers are registered). With
-    an API key the router guards /workers with it."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    `key`: the router's control-plane key, which guards /workers."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(f"{fp.url(fp.port)}/workers", headers=headers),
                                     timeout=4) as r:
@@ -270,9 +271,11 @@ class Fleet:
             path.write_text(yaml.safe_dump(replica_config_dict(r), sort_keys=False))
             argv = [sys.executable, "-m", "service.cli", "serve", "--config", str(path)]
             self.replicas.append(Child(r.name, argv, {**os.environ, **r.env}, f"{fp.url(r.port)}/health"))
-        # The router gets the replicas' API key in their variable (service/router_entry.py).
-        self.api_key = launcher.resolve_api_key(fp.config)
-        router_env = {**os.environ} | ({names.API_KEY: self.api_key} if self.api_key else {})
+        # The router gets the replicas' API key in their variable, and the admin key as its control-plane key
+        # (service/router_entry.py); without an admin key, one only this process holds: it reads /workers.
+        keys = launcher.key_env(fp.config)
+        self.control_key = keys.setdefault(names.ADMIN_API_KEY, secrets.token_urlsafe(32))
+        router_env = {**os.environ} | keys
         self.router = Child("router", fp.router_argv, router_env)
         self.children = [*self.replicas, self.router]
 
@@ -325,7 +328,7 @@ class Fleet:
             if rc is not None:
                 say(f"the router exited with status {rc} at startup (its log is above, prefixed [router])")
                 return False
-            if router_healthy_workers(self.plan, self.api_key) == n:
+            if router_healthy_workers(self.plan, self.control_key) == n:
                 return True
             if time.monotonic() > deadline:
                 say(f"the router did not list all {n} replicas as healthy within 120s")

@@ -79,14 +79,33 @@ def check_port_free(host: str, port: int, field: str = "server.port") -> None:
             raise ConfigError(f"server.host: cannot bind {host}:{port}: {e.strerror}") from None
 
 
-def resolve_api_key(config: ServeConfig) -> str | None:
-    name = config.server.api_key_env
+def _key_from_env(field: str, name: str | None) -> str | None:
     if name is None:
         return None
     key = os.environ.get(name)
     if not key:
-        raise ConfigError(f"server.api_key_env: environment variable {name} is not set or empty")
+        raise ConfigError(f"{field}: environment variable {name} is not set or empty")
     return key
+
+
+def resolve_api_key(config: ServeConfig) -> str | None:
+    return _key_from_env("server.api_key_env", config.server.api_key_env)
+
+
+def resolve_admin_api_key(config: ServeConfig) -> str | None:
+    """The admin key, checked to be a key of its own: one equal to the client key would make every client an
+    admin again."""
+    key = _key_from_env("server.admin_api_key_env", config.server.admin_api_key_env)
+    if key is not None and key == resolve_api_key(config):
+        raise ConfigError(f"server.admin_api_key_env: {config.server.admin_api_key_env} holds the same key as "
+                          f"{config.server.api_key_env} (server.api_key_env); give the admin a different key")
+    return key
+
+
+def key_env(config: ServeConfig) -> dict[str, str]:
+    """The keys' environment for the server and the router processes (never their command lines)."""
+    keys = {env_names.API_KEY: resolve_api_key(config), env_names.ADMIN_API_KEY: resolve_admin_api_key(config)}
+    return {name: key for name, key in keys.items() if key}
 
 
 def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
@@ -110,16 +129,14 @@ def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPla
     The server process checks them again in any case before it starts (service/server_entry.py), so `serve`
     passes False and a bad one still fails with its config error, without a second import."""
     report = preflight.check(config)
-    api_key = resolve_api_key(config)
+    keys = key_env(config)
     if validate_sglang_args and config.sglang_args:
         if config.server.device is Device.cpu:
             activate_cpu_layer_here()
         sglang_args.validate_passthrough(config.sglang_args)
     args = sglang_args.build_args(config, block_size=report.block_size)
     argv = _sglang_command() + ["serve"] + sglang_args.to_argv(args)
-    env = server_env(config)
-    if api_key:
-        env[env_names.API_KEY] = api_key
+    env = server_env(config) | keys
     if config.sglang_args:
         env[env_names.SGLANG_ARGS] = json.dumps(config.sglang_args)
     return LaunchPlan(argv=argv, env=env, report=report)

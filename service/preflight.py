@@ -11,8 +11,10 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.config import ConfigError, ServeConfig
+from service.config import ConfigError, Device, ServeConfig
+from service.sglang_args import CPU_DEFAULTS
 from sglang_ext import refusals
+from sglang_ext.sampling_refusals import lossy_sampling
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -75,6 +77,7 @@ def check(config: ServeConfig) -> PreflightReport:
         if config.sglang_args.get(key):
             raise ConfigError(f"sglang_args.{key}: DFlash's verify does not apply SGLang's watermark, so outputs would "
                               f"silently carry none; serve watermarked traffic with speculative.algorithm: none")
+    check_sampling_defaults(config)
     where = spec.draft_model_path
     field = "speculative.draft_model_path"
     draft = _read_config(where, field)
@@ -145,3 +148,52 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> N
             CostModel.from_profile(path, list(settings.controller.candidates_for(draft_block)))
         except (ValueError, KeyError, TypeError, OSError) as e:  # json errors are ValueErrors
             raise ConfigError(f"speculative.adaptive.cost_profile: {path} is not a usable cost profile: {e}") from None
+
+
+def _preferred_sampling_params(sglang_args: dict) -> dict:
+    raw = sglang_args.get("preferred_sampling_params")
+    if raw is None or isinstance(raw, dict):
+        return raw or {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"sglang_args.preferred_sampling_params: not a JSON object ({e}); write it as a JSON "
+                          f"string, e.g. '{{\"temperature\": 0.7}}'") from None
+    if not isinstance(value, dict):
+        raise ConfigError("sglang_args.preferred_sampling_params: must be a JSON object of sampling parameters")
+    return value
+
+
+def _model_sampling_defaults(config: ServeConfig) -> dict:
+    """What SGLang takes from the model's generation_config.json under `sampling_defaults: model` (its default;
+    configs/model_config.py get_default_sampling_params)."""
+    path = config.model.path / "generation_config.json"
+    if config.sglang_args.get("sampling_defaults", "model") != "model" or not path.is_file():
+        return {}
+    try:
+        generation = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"model.path: {path} is not valid JSON: {e}") from None
+    keys = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+    return {k: generation[k] for k in keys if isinstance(generation, dict) and generation.get(k) is not None}
+
+
+def check_sampling_defaults(config: ServeConfig) -> None:
+    """Every request inherits the operator's `preferred_sampling_params` and (chat) the model's generation config:
+    one that DFlash cannot serve losslessly (sglang_ext/sampling_refusals.py, the rule each request is held to) is
+    refused here, with the fix, rather than served lossy or refused on every request."""
+    cpu = config.server.device is Device.cpu
+    overlap = not config.sglang_args.get("disable_overlap_schedule", cpu and CPU_DEFAULTS["disable_overlap_schedule"])
+    sources = (("sglang_args.preferred_sampling_params", _preferred_sampling_params(config.sglang_args),
+                "remove it from sglang_args.preferred_sampling_params"),
+               ("model.path", _model_sampling_defaults(config),
+                "set sglang_args.sampling_defaults: openai to serve without the model's defaults"))
+    for field, params, remove in sources:
+        lossy = lossy_sampling(params, overlap)
+        if lossy is None:
+            continue
+        where = "its generation_config.json sets" if field == "model.path" else "sets"
+        fix = f"{lossy.server_fix}, or {remove}" if lossy.server_fix else remove
+        raise ConfigError(f"{field}: {where} {lossy.param} {params[lossy.param]!r} for every request; "
+                          f"{lossy.param} {lossy.why}; {fix}")
+

@@ -19,6 +19,7 @@ OWNED = {
     "host": "server.host", "port": "server.port (or `fleet --port`)", "worker_urls": "fleet.replicas",
     "policy": "fleet.router.policy", "prometheus_port": "fleet.router.metrics_port",
     "prometheus_host": "server.host", "api_key": "server.api_key_env",
+    "control_plane_api_keys": "server.admin_api_key_env",
     "shutdown_grace_period_secs": "server.shutdown_grace_seconds",
     "worker_startup_timeout_secs": "fleet.startup_timeout_seconds",
 }

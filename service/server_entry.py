@@ -9,12 +9,16 @@ Two things happen here, before SGLang's own CLI runs, because this process impor
 - SGLang reads its API key only from `--api-key`, and a command line is world-readable (`ps`,
   /proc/PID/cmdline). The launcher therefore passes the key in `DFLASH_SERVE_SGLANG_API_KEY`; it is moved into
   sys.argv inside the process (the kernel's copy of the command line is not changed) and removed from the
-  environment so SGLang's children do not inherit it.
+  environment so SGLang's children do not inherit it. The admin key (`DFLASH_SERVE_SGLANG_ADMIN_API_KEY`) travels
+  the same way to `--admin-api-key`. Without one a random key goes there: SGLang lets the API key (or, without
+  one, anybody) use its admin routes when no admin key is set (`utils/auth.py`, `AuthLevel.ADMIN_OPTIONAL`), and
+  with a key nobody holds they are closed to every client while SGLang's own post-warm-up `/freeze_gc` still works.
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 
 from service.config import ConfigError
@@ -32,9 +36,12 @@ def main() -> int:
             print(f"dflash-serve: error: {e}", file=sys.stderr)
             return 2
     key = os.environ.pop(env.API_KEY, None)
+    admin_key = os.environ.pop(env.ADMIN_API_KEY, None)
     argv = ["sglang", *sys.argv[1:]]
     if key:
         argv += ["--api-key", key]
+    if admin_key or "--grpc-port" not in argv:  # SGLang refuses any key with its gRPC listener, which has no auth
+        argv += ["--admin-api-key", admin_key or secrets.token_urlsafe(32)]
     sys.argv = argv
     from sglang.cli.main import main as sglang_main
 

@@ -10,15 +10,16 @@ from service.config import ConfigError, Device, ServeConfig
 # Flags the structured config owns: setting them in sglang_args would fight the config.
 _OWNED = {
     "model_path", "tokenizer_path", "dtype", "served_model_name", "context_length", "host", "port", "device",
-    "api_key", "enable_metrics", "max_total_tokens", "max_running_requests", "speculative_algorithm",
-    "speculative_draft_model_path", "speculative_num_draft_tokens", "speculative_dflash_block_size",
+    "api_key", "admin_api_key", "enable_metrics", "max_total_tokens", "max_running_requests",
+    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
+    "speculative_dflash_block_size",
 }
 _CONFIG_FIELD_FOR = {
     "model_path": "model.path", "tokenizer_path": "model.tokenizer", "dtype": "model.dtype",
     "served_model_name": "model.served_name", "context_length": "model.context_length", "host": "server.host",
     "port": "server.port", "device": "server.device", "api_key": "server.api_key_env",
-    "enable_metrics": "server.metrics", "max_total_tokens": "server.max_total_tokens",
-    "max_running_requests": "server.max_running_requests",
+    "admin_api_key": "server.admin_api_key_env", "enable_metrics": "server.metrics",
+    "max_total_tokens": "server.max_total_tokens", "max_running_requests": "server.max_running_requests",
 }
 
 # What SGLang needs to run on CPU: torch-native attention (no FlashInfer), no CUDA graphs, and

@@ -23,6 +23,10 @@ HTTP = "DFLASH_SERVE_HTTP"
 API_KEY = "DFLASH_SERVE_SGLANG_API_KEY"
 """The API key on its way to `sglang serve` (service/server_entry.py moves it into argv inside the process and
 deletes it): never on a command line, which every user can read."""
+ADMIN_API_KEY = "DFLASH_SERVE_SGLANG_ADMIN_API_KEY"
+"""The admin key (`server.admin_api_key_env`) on its way to `sglang serve` as its `--admin-api-key` and to the
+fleet's router as its control-plane key, as API_KEY travels. Without one the server makes up a key nobody holds, so
+SGLang's admin routes stay closed to every client (service/server_entry.py)."""
 SGLANG_ARGS = "DFLASH_SERVE_SGLANG_ARGS"
 """JSON of the config's `sglang_args`: checked against SGLang's own parser by the server process
 (service/server_entry.py), which imports SGLang anyway, so the launcher need not."""

@@ -18,7 +18,16 @@ in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests
 4. **Non-object JSON bodies** (``[1, 2]``) got a 500: ``ChatCompletionRequest``'s before-validator calls ``.get``.
 5. **Unknown models** were served (any ``model`` string answered 200). The generation endpoints now answer 404
    ``model_not_found`` unless the name is the served name, ``<served>:<lora adapter>`` or a loaded adapter.
-6. **Draining.** After SIGTERM SGLang reports /health 503 but keeps admitting new requests, and its drain waits
+6. **Authentication first, and the client key is not an admin key.** SGLang's API-key middleware sits inside
+   this one, so a wrong model name was answered 404 naming the served model before the key was checked, and a
+   body was read and parsed for anybody. And its `AuthLevel.ADMIN_OPTIONAL` routes (``/configure_logging``,
+   ``/flush_cache``, ``/abort_request``, ``/pause_generation``, ``/update_weights_*``, LoRA loading, profiling:
+   utils/auth.py ``decide_request_auth``) take the API key when no admin key is set, so every client was an admin.
+   Now SGLang's own decision runs first, on SGLang's own route levels: a normal route needs the API key (401), an
+   admin route the admin key (401 without a valid key, 403 for the client key). Retired by upstream making those
+   routes ``ADMIN_FORCE`` (the FIXME above ``_admin_api_key_missing_response``) and ordering auth before the
+   guard's checks.
+7. **Draining.** After SIGTERM SGLang reports /health 503 but keeps admitting new requests, and its drain waits
    until no request is left -- under steady load it never ends. New requests now get 503 with ``Retry-After``;
    in-flight ones finish (the launcher bounds the wait: ``server.shutdown_grace_seconds``).
 
@@ -163,15 +172,21 @@ class _ClientGone(Exception):
 class HttpGuard:
     """Outermost ASGI middleware; `tokenizer_manager()` returns SGLang's (None before start-up)."""
 
-    def __init__(self, app, settings: HttpSettings, tokenizer_manager):
+    def __init__(self, app, settings: HttpSettings, tokenizer_manager, authorise=lambda scope: None):
+        """`authorise(scope)`: None to let the request in, else (status, message)."""
         self.app = app
         self.settings = settings
         self.tokenizer_manager = tokenizer_manager
+        self.authorise = authorise
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "GET")
+        refusal = self.authorise(scope)
+        if refusal is not None:
+            status, message = refusal
+            return await _respond(send, status, error_body(status, message))
         if path.startswith(FOREIGN_ERROR_SHAPES):
             return await self.app(scope, receive, send)
         tm = self.tokenizer_manager()
@@ -330,8 +345,38 @@ def _validation_handler(original):
     return handler
 
 
+UNAUTHENTICATED = "missing or wrong API key: send `Authorization: Bearer <key>`"
+ADMIN_ONLY = "this route is for the admin key only (server.admin_api_key_env); the client key cannot use it"
+
+
+def _authoriser(hs: ModuleType):
+    """SGLang's own decision (utils/auth.py) on SGLang's own route levels, with admin routes closed to the client
+    key: `ADMIN_OPTIONAL` is asked as `ADMIN_FORCE`. The keys are read per request: the serving config is
+    published after this patch runs."""
+    from sglang.srt.utils import auth
+
+    def authorise(scope) -> tuple[int, str] | None:
+        serving = hs.get_serving()
+        level = auth._get_auth_level_from_app_and_scope(hs.app, scope)
+
+        def allowed(as_level) -> bool:
+            return auth.decide_request_auth(
+                method=scope.get("method", "GET"), path=scope.get("path", ""),
+                authorization_header=_header(scope, b"authorization"), api_key=serving.api_key,
+                admin_api_key=serving.admin_api_key, auth_level=as_level).allowed
+
+        if level is auth.AuthLevel.NORMAL:
+            return None if allowed(level) else (401, UNAUTHENTICATED)
+        if allowed(auth.AuthLevel.ADMIN_FORCE):
+            return None
+        return (403, ADMIN_ONLY) if allowed(auth.AuthLevel.NORMAL) else (401, UNAUTHENTICATED)
+
+    return authorise
+
+
 def _patch(hs: ModuleType, settings: HttpSettings) -> None:
     app = hs.app
+    authorise = _authoriser(hs)
 
     def tokenizer_manager():
         state = getattr(hs, "_global_state", None)
@@ -348,7 +393,7 @@ def _patch(hs: ModuleType, settings: HttpSettings) -> None:
             app.max_body_size = settings.max_request_bytes  # FastAPI's own limit: bodies this middleware does not read
 
         def build_middleware_stack():
-            return HttpGuard(build(), settings, tokenizer_manager)
+            return HttpGuard(build(), settings, tokenizer_manager, authorise)
 
         return build_middleware_stack
 

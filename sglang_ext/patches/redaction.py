@@ -1,17 +1,32 @@
-"""Keep API keys out of SGLang's logs (all devices).
+"""Keep API keys out of SGLang's logs and answers (all devices).
 
 SGLang 0.5.23 writes the server arguments to its log twice, redacting only watermark keys:
 `ServerArgs.__repr__` (srt/server_args.py) and `server_args={...}` from
 `entrypoints/engine.py _server_args_for_logging`. Both would print `api_key` / `admin_api_key`.
+`GET /server_info` and `/get_server_info` answer any client with `resolved_dict()`, the launch command (whose
+argv holds `--api-key`: service/server_entry.py puts it there) and every scheduler's `internal_states` (the resolved
+server arguments again), passed through `redact_watermark_secrets` on the way out; a crash dump
+(`TokenizerManager.dump_requests_before_crash`, with `crash_dump_folder`) pickles the ServerArgs record, the
+resolved config and `sys.argv`. The names `redact_watermark_secrets` / `redact_watermark_command_line` in
+`entrypoints/http_server` and `managers/tokenizer_manager`, and `TokenizerManager._server_args_for_dump`, are
+wrapped to mask the keys too. Retired by upstream redacting both keys where it redacts the watermark's.
 """
 from __future__ import annotations
 
+import re
 from types import ModuleType
+from typing import Any
 
 from sglang_ext.patches.wrap import when_imported, wrap
 
 SECRET_FIELDS = ("api_key", "admin_api_key")
 MASK = "***"
+_KEY_FLAG = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
+
+
+def mask_key_flags(command: str) -> str:
+    """A command line with the values of `--api-key` / `--admin-api-key` masked."""
+    return _KEY_FLAG.sub(lambda m: m.group(1) + MASK, command)
 
 
 def _secrets(server_args) -> list[str]:
@@ -42,6 +57,51 @@ def _patch_engine_log(engine: ModuleType) -> None:
     wrap(engine, "_server_args_for_logging", make)
 
 
+def masked(value: Any) -> Any:
+    """`value` with every `api_key` / `admin_api_key` field and the keys in any `launch_command` masked."""
+    if isinstance(value, dict):
+        return {k: MASK if k in SECRET_FIELDS and v else
+                mask_key_flags(v) if k == "launch_command" and isinstance(v, str) else masked(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(masked(v) for v in value)
+    return value
+
+
+def _mask_where_watermarks_are_redacted(module: ModuleType) -> None:
+    """The module's own names of the watermark redaction functions mask the keys too."""
+    def make_secrets(original):
+        def redact_watermark_secrets(value, *args, **kwargs):
+            return masked(original(value, *args, **kwargs))
+
+        return redact_watermark_secrets
+
+    def make_command(original):
+        def redact_watermark_command_line(argv, *args, **kwargs) -> str:
+            return mask_key_flags(original(argv, *args, **kwargs))
+
+        return redact_watermark_command_line
+
+    for name, make in (("redact_watermark_secrets", make_secrets), ("redact_watermark_command_line", make_command)):
+        if hasattr(module, name):
+            wrap(module, name, make)
+
+
+def _patch_crash_dump(tm: ModuleType) -> None:
+    _mask_where_watermarks_are_redacted(tm)
+
+    def make(original):
+        def _server_args_for_dump(self):
+            shown = original(self)  # the ServerArgs record itself unless watermarking is on
+            return masked(shown if isinstance(shown, dict) else shown.resolved_dict())
+
+        return _server_args_for_dump
+
+    wrap(tm.TokenizerManager, "_server_args_for_dump", make)
+
+
 def install() -> None:
     when_imported("sglang.srt.server_args", _patch_repr)
     when_imported("sglang.srt.entrypoints.engine", _patch_engine_log)
+    when_imported("sglang.srt.entrypoints.http_server", _mask_where_watermarks_are_redacted)
+    when_imported("sglang.srt.managers.tokenizer_manager", _patch_crash_dump)

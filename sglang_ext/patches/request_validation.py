@@ -33,16 +33,20 @@ Found by the property-based run against the OpenAPI document (tests/integration/
    shares a prefill batch is a matter of timing). Refused in the per-request hook: a prompt needs at least one token.
 7. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
    patches/verify_sampling.py, which makes every other sampling parameter lossless): a custom logit processor
-   (verify rows after the first would see the request state of the first), a `sampling_seed` with temperature > 0
-   (DFlash's rejection sampler draws its own coins, so the seed would not reproduce), and penalties or
-   min_new_tokens under the overlap scheduler (the next step launches before this step's tokens reach the
-   penalizers). Refused with the parameter named and the fix.
+   (verify rows after the first would see the request state of the first), and what sglang_ext/sampling_refusals.py
+   rules lossy (a seed while sampling, penalties under the overlap scheduler). Refused with the parameter named and
+   the fix, in `TokenizerManager._create_tokenized_object`, on the parameters SGLang serves: the operator's
+   `preferred_sampling_params` merged there (`_validate_one_request` runs before that merge, so an operator's
+   seed was served lossy without a word).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 from sglang_ext.patches.wrap import when_imported, wrap
+from sglang_ext.sampling_refusals import is_dflash, lossy_sampling
 
 
 def check_prompt_not_empty(input_ids) -> None:
@@ -75,32 +79,27 @@ def check_logprob_args(obj, vocab_size: int) -> None:
                          "input logprobs")
 
 
-DFLASH_FAMILY = ("DFLASH", "DFLASH_ADAPTIVE")
-PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0),
-             ("min_new_tokens", 0))
-
-
-def check_speculative_sampling(obj, server_args) -> None:
-    """Refuse what DFlash would serve differently from plain decoding (a 400 naming the parameter)."""
-    algorithm = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
-    if algorithm not in DFLASH_FAMILY:
-        return
-    if getattr(obj, "custom_logit_processor", None):
+def check_custom_logit_processor(obj, server_args) -> None:
+    if is_dflash(getattr(server_args, "speculative_algorithm", None)) and getattr(obj, "custom_logit_processor", None):
         raise ValueError("custom_logit_processor is not supported with DFlash speculative decoding (its verify rows "
                          "would not see the tokens before them); serve this request without speculation")
+
+
+def check_speculative_sampling(obj, server_args, preferred: Mapping[str, Any] | None) -> None:
+    """Refuse sampling DFlash would serve differently from plain decoding (a 400 naming the parameter), judged on
+    the parameters the request is served with: the operator's `preferred` defaults under the request's own, as
+    `_create_tokenized_object` merges them (the model's generation_config defaults are in a chat request's
+    already). The same rule refuses such defaults at start-up (service/preflight.py)."""
+    if not is_dflash(getattr(server_args, "speculative_algorithm", None)):
+        return
     params = getattr(obj, "sampling_params", None)
     if not isinstance(params, dict):
         return
-    temperature = params.get("temperature", 1.0)
-    if params.get("sampling_seed") is not None and (temperature is None or temperature > 0):
-        raise ValueError("sampling_seed is not supported with DFlash speculative decoding at temperature > 0 (its "
-                         "rejection sampler would not reproduce the seeded samples); drop sampling_seed")
-    if not getattr(server_args, "disable_overlap_schedule", False):
-        for name, neutral in PENALTIES:
-            value = params.get(name)
-            if value is not None and value != neutral:
-                raise ValueError(f"{name} is not served losslessly by DFlash under the overlap scheduler; set "
-                                 f"sglang_args.disable_overlap_schedule: true on the server, or drop {name}")
+    lossy = lossy_sampling({**(preferred or {}), **params},
+                           overlap=not getattr(server_args, "disable_overlap_schedule", False))
+    if lossy is not None:
+        fix = f"{lossy.server_fix} on the server, or drop {lossy.param}" if lossy.server_fix else f"drop {lossy.param}"
+        raise ValueError(f"{lossy.param} {lossy.why}; {fix}")
 
 
 def _is_int(v) -> bool:
@@ -116,15 +115,26 @@ def _patch_tokenizer_manager(tm_module: ModuleType) -> None:
                 check_token_ids(input_ids, vocab_size)
             if vocab_size:
                 check_logprob_args(obj, vocab_size)
-            check_speculative_sampling(obj, getattr(self, "server_args", None))
+            check_custom_logit_processor(obj, getattr(self, "server_args", None))
             return original(self, obj, input_ids)
 
         return _validate_one_request
 
     wrap(tm_module.TokenizerManager, "_validate_one_request", make)
     wrap(tm_module.TokenizerManager, "_init_req_state", _shape_errors_are_client_errors)
-    wrap(tm_module.TokenizerManager, "_create_tokenized_object",
-          lambda original: _shape_errors_are_client_errors(original, (TypeError,)))
+    wrap(tm_module.TokenizerManager, "_create_tokenized_object", _effective_sampling_checked)
+
+
+def _effective_sampling_checked(original):
+    # SGLang merges preferred_sampling_params into the request in here; the check sees what will be served
+    shape_checked = _shape_errors_are_client_errors(original, (TypeError,))
+
+    def _create_tokenized_object(self, obj, *args, **kwargs):
+        check_speculative_sampling(obj, getattr(self, "server_args", None),
+                                   getattr(self, "preferred_sampling_params", None))
+        return shape_checked(self, obj, *args, **kwargs)
+
+    return _create_tokenized_object
 
 
 def _flat_ids(tokens):

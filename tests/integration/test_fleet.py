@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 USERS = 8
 KEY_ENV, KEY = "DFLASH_FLEET_TEST_KEY", "sk-fleet-test-9f3b"
+ADMIN_ENV, ADMIN = "DFLASH_FLEET_TEST_ADMIN_KEY", "sk-fleet-admin-20c7"
 
 
 def default_config() -> dict:
@@ -46,8 +47,9 @@ def default_config() -> dict:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     config = default_config()
-    config["server"]["api_key_env"] = KEY_ENV
-    f = ManagedFleet(config, tmp_path_factory.mktemp("fleet"), "fleet", replicas=2, env={KEY_ENV: KEY})
+    config["server"] |= {"api_key_env": KEY_ENV, "admin_api_key_env": ADMIN_ENV}
+    f = ManagedFleet(config, tmp_path_factory.mktemp("fleet"), "fleet", replicas=2,
+                     env={KEY_ENV: KEY, ADMIN_ENV: ADMIN})
     f.start()
     yield f
     f.stop()
@@ -103,7 +105,20 @@ def test_the_api_key_guards_the_router_and_every_replica(fleet):
     # /v1/models and /get_server_info -- model names, worker counts -- without one.)
     assert status(f"{fleet.url}/workers", None) == 401
     assert status(f"{fleet.replica_urls[0]}/metrics", None) == 200  # Prometheus scrapes without the key
-    assert KEY not in " ".join(" ".join(p.cmdline()) for p in psutil.Process(fleet.proc.pid).children(True))
+    cmdlines = " ".join(" ".join(p.cmdline()) for p in psutil.Process(fleet.proc.pid).children(True))
+    assert KEY not in cmdlines and ADMIN not in cmdlines
+
+
+def test_the_client_key_reaches_no_admin_route_through_the_router(fleet):
+    """The router's control plane (/workers: which URLs it sends traffic to; /flush_cache) answers the admin key
+    only, and the replicas' admin routes refuse the client key through the router as they do directly."""
+    assert status(f"{fleet.url}/workers", KEY) == 401
+    assert status(f"{fleet.url}/workers", ADMIN) == 200
+    assert status(f"{fleet.url}/flush_cache", KEY, {}) == 401
+    for base in (fleet.url, *fleet.replica_urls):
+        for path, body in (("/configure_logging", {"log_requests": True}), ("/flush_cache", {}),
+                           ("/pause_generation", {})):
+            assert status(f"{base}{path}", KEY, body) not in range(200, 300), (base, path)
 
 
 def test_locust_through_the_router_reaches_both_replicas(fleet, tmp_path):

@@ -186,6 +186,32 @@ def test_api_key_comes_from_the_named_environment_variable(tmp_path, tiny_pair, 
     assert not any("s3cret" in a for a in p.argv)
 
 
+def test_admin_key_comes_from_its_own_variable_and_is_not_the_client_key(tmp_path, tiny_pair, monkeypatch):
+    data = good(tiny_pair, algorithm="none") | {"server": {"api_key_env": "DFLASH_TEST_KEY",
+                                                           "admin_api_key_env": "DFLASH_TEST_ADMIN_KEY"}}
+    cfg = load_config(write(tmp_path, data))
+    monkeypatch.setenv("DFLASH_TEST_KEY", "s3cret")
+    monkeypatch.setenv("DFLASH_TEST_ADMIN_KEY", "")
+    with pytest.raises(ConfigError, match="server.admin_api_key_env: environment variable DFLASH_TEST_ADMIN_KEY is "
+                                          "not set or empty"):
+        plan(cfg, validate_sglang_args=False)
+    monkeypatch.setenv("DFLASH_TEST_ADMIN_KEY", "s3cret")
+    with pytest.raises(ConfigError, match=r"server.admin_api_key_env: DFLASH_TEST_ADMIN_KEY holds the same key as "
+                                          r"DFLASH_TEST_KEY .*different key"):
+        plan(cfg, validate_sglang_args=False)
+    monkeypatch.setenv("DFLASH_TEST_ADMIN_KEY", "adm1n")
+    p = plan(cfg, validate_sglang_args=False)
+    assert p.env["DFLASH_SERVE_SGLANG_ADMIN_API_KEY"] == "adm1n"
+    assert not any("adm1n" in a for a in p.argv)
+    data["server"]["admin_api_key_env"] = "DFLASH_TEST_KEY"
+    with pytest.raises(ConfigError, match="server.admin_api_key_env: names the same variable as api_key_env"):
+        load_config(write(tmp_path, data))
+    data["server"] = {"admin_api_key_env": "DFLASH_TEST_ADMIN_KEY"}
+    data["sglang_args"] = {"admin_api_key": "x"}
+    with pytest.raises(ConfigError, match="sglang_args.admin_api_key.*server.admin_api_key_env"):
+        plan(load_config(write(tmp_path, data)))
+
+
 def test_cpu_launch_plan_sets_the_cpu_layer_and_threads(tmp_path, tiny_pair):
     data = good(tiny_pair) | {"server": {"device": "cpu", "cpu_threads": 3}}
     p = plan(load_config(write(tmp_path, data)), validate_sglang_args=False)
@@ -273,3 +299,41 @@ def test_watermarking_with_dflash_is_refused_naming_the_field(tmp_path, tiny_pai
         check(load_config(write(tmp_path, data)))
     data["speculative"] = {"algorithm": "none"}
     check(load_config(write(tmp_path, data)))  # plain decoding watermarks as SGLang does
+
+
+def _target_with_generation_config(tmp_path: Path, pair, **generation) -> Path:
+    """A copy of the pair's target (its files linked) whose generation_config.json sets `generation`."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for f in pair["target"].iterdir():
+        if f.name != "generation_config.json":
+            (target / f.name).symlink_to(f.resolve())
+    (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, **generation}))
+    return target
+
+
+def test_a_model_default_dflash_cannot_serve_losslessly_is_refused_at_start_up(tmp_path, tiny_pair):
+    """SGLang applies the model's generation_config to every chat request (`sampling_defaults: model`): a repetition
+    penalty there, under the overlap scheduler (GPU), would get every chat request refused or served lossy."""
+    data = good(tiny_pair) | {"server": {"device": "cuda"}}
+    data["model"]["path"] = str(_target_with_generation_config(tmp_path, tiny_pair, repetition_penalty=1.05))
+    with pytest.raises(ConfigError, match=r"^model.path: its generation_config.json sets repetition_penalty 1.05 .*"
+                                          r"overlap scheduler.*sglang_args.disable_overlap_schedule: true.*"
+                                          r"sglang_args.sampling_defaults: openai"):
+        check(load_config(write(tmp_path, data)))
+    for fix in ({"disable_overlap_schedule": True}, {"sampling_defaults": "openai"}):
+        check(load_config(write(tmp_path, data | {"sglang_args": fix})))
+    check(load_config(write(tmp_path, data | {"speculative": {"algorithm": "none"}})))  # plain decoding serves it
+    check(load_config(write(tmp_path, data | {"server": {"device": "cpu"}})))  # no overlap scheduler on CPU
+
+
+def test_an_operator_default_dflash_cannot_serve_losslessly_is_refused_at_start_up(tmp_path, tiny_pair):
+    data = good(tiny_pair) | {"sglang_args": {"preferred_sampling_params": '{"sampling_seed": 7}'}}
+    with pytest.raises(ConfigError, match=r"^sglang_args.preferred_sampling_params: sets sampling_seed 7 .*"
+                                          r"remove it from sglang_args.preferred_sampling_params"):
+        check(load_config(write(tmp_path, data)))
+    data["sglang_args"]["preferred_sampling_params"] = '{"sampling_seed": 7, "temperature": 0}'  # greedy: no coins
+    check(load_config(write(tmp_path, data)))
+    data["sglang_args"]["preferred_sampling_params"] = "{not json"
+    with pytest.raises(ConfigError, match=r"^sglang_args.preferred_sampling_params: not a JSON object"):
+        check(load_config(write(tmp_path, data)))

@@ -21,11 +21,14 @@ ALLOWED: dict[str, set[str]] = {
     "sglang_ext.cpu": {"sglang_ext.names"},
     "sglang_ext.verify_rows": set(),  # torch only
     "sglang_ext.tree": set(),  # torch only
+    "sglang_ext.sampling_refusals": set(),  # pure
     "sglang_ext.patches": {"sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext.verify_rows",
-                           "sglang_ext.tree"},
+                           "sglang_ext.tree", "sglang_ext.sampling_refusals"},
     "sglang_ext": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.controller_loop",
-                   "sglang_ext.cpu", "sglang_ext.patches", "sglang_ext.verify_rows", "sglang_ext.tree"},
-    "service": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext"},
+                   "sglang_ext.cpu", "sglang_ext.patches", "sglang_ext.verify_rows", "sglang_ext.tree",
+                   "sglang_ext.sampling_refusals"},
+    "service": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext",
+                "sglang_ext.sampling_refusals"},
     "harness": {"sglang_ext.controller"},
     "dflash_models": {"harness"},
 }
