@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def _get_int(cfg: dict, key: str, field: str, where: Path) -> int:
 
 
 def check(config: ServeConfig) -> PreflightReport:
+    refusal = _gpu_kit_refusal(config.server.device.value)
+    if refusal is not None:
+        raise ConfigError(refusal)
     target = _read_config(config.model.path, "model.path")
     tok_dir = config.model.tokenizer or config.model.path
     if not any((tok_dir / f).is_file() for f in _TOKENIZER_FILES):
@@ -114,6 +118,19 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
                           f"for {len(layer_ids)} target layers of hidden size {hidden}")
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
+
+
+def _gpu_kit_refusal(device: str) -> str | None:
+    """The GPU kit's test-only mode is served only where the kit's start-up hook ran in this process (it stands
+    in for sgl_kernel, which the hook finds absent): the variable alone must never change how a server runs."""
+    if os.environ.get(names.GPU_KIT_TEST_ONLY) is None:
+        return None
+    from sglang_ext.cpu.stubs import is_stub
+
+    if device == "cuda" and is_stub(sys.modules.get("sgl_kernel")):
+        return None
+    return (f"{names.GPU_KIT_TEST_ONLY} is set, but it is a test-only mode that only scripts/gpu-kit/run.sh runs "
+            f"(on a lent GPU without sgl-kernel); unset it to serve")
 
 
 # GPU attention backends whose verify reads a tree's mask (sglang_ext/verify_runtimes.py TREE_MASK_BACKENDS, by

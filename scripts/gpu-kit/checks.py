@@ -1,0 +1,509 @@
+"""The GPU kit's checks (issue 41 item 3), run ON the lent GPU by run.sh: one JSON report and the logs under $OUT.
+
+    python3 scripts/gpu-kit/checks.py --out DIR [--work DIR] [--budget S] [--only NAME,...] [--serial] [--dry-run]
+
+Every check runs in its own process (`--one NAME`) with its own timeout, cut to what is left of the run's budget: a
+check that fails, raises or times out is recorded and the next one runs. Servers are the product's own
+(`harness.server.ManagedServer`: `dflash-serve serve`), under the kit's test-only mode (gpu_kit_test_only.py).
+`--dry-run` runs the orchestration with stand-in checks (no GPU, no server): the report's shape, a check that
+raises and one that outlives its timeout -- what tests/unit/test_gpu_kit.py runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+KIT = Path(__file__).resolve().parent
+REPO = KIT.parents[1]
+sys.path[:0] = [str(REPO), str(KIT)]
+
+from gpu_kit_test_only import JIT_LOG_MARK, REPLAY_LOG_MARK  # noqa: E402
+from sglang_ext import names  # noqa: E402
+
+SCHEMA = 1
+FELL_BACK = "falling back to eager path"  # upstream's warning when a Triton branch raised
+UNCOUNTED = "were captured after the KV pool was sized"  # the worker's warning without post-capture KV sizing
+MISSING_KERNEL = "is a GPU kernel with no CPU implementation"  # sglang_ext/cpu/stubs.py: a stub op was called
+CAPTURED = re.compile(r"captured target verify graphs for width (\d+)( \(a tree)?")
+KV_TOKENS = re.compile(r"#tokens: (\d+)")
+PROMPTS = [
+    "import os\nimport sys\n\ndef main():\n", "for i in range(10):\n    print(i)\n",
+    "class Foo:\n    def __init__(self):\n", "The quick brown fox jumps over the lazy dog. " * 3,
+    "x = [1, 2, 3]\ny = {k: v for k, v in", "def fib(n):\n    if n < 2:\n        return n\n",
+    "Explain what a hash map is.", "Write a Python function that reverses a string.",
+]
+TINY_NEW = 64
+TREE_WIDTHS = [1, 4, 16, 32, 64]  # above the tiny drafter's block 16: trees of 31 and 63 nodes
+BATCHES = [1, 8, 32, 64]
+SIMULATED_ACCEPT = 6.0  # SGLANG_SIMULATE_ACC_LEN of the sweep's speculative variants
+BIG_DIR = Path(os.environ.get("GPU_KIT_MODELS", "/tmp/gpu-kit-models"))
+LOG_TAIL = 2_000_000  # bytes of each server log kept in logs.tar.gz
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    phase: str  # "tiny" checks may run side by side; "compare" runs in the parent; "big" one at a time
+    timeout_s: float
+    run: Callable[[Path], dict]
+
+
+# -- serving --------------------------------------------------------------------------------------------------------
+
+def tiny_config(speculative: dict) -> dict:
+    """The bundled pair in float32 on the GPU (comparisons bit for bit), small enough to share the GPU four ways."""
+    pair = REPO / "models/tiny-code"
+    spec = dict(speculative)
+    if spec.get("algorithm", "none") != "none":
+        spec["draft_model_path"] = str(pair / "drafter")
+    return {
+        "model": {"path": str(pair / "target"), "dtype": "float32", "served_name": "dflash-tiny"},
+        "server": {"device": "cuda", "metrics": True, "max_running_requests": 16, "max_total_tokens": 32768},
+        "speculative": spec,
+        "sglang_args": {"mem_fraction_static": 0.2, "cuda_graph_max_bs_decode": 16},
+    }
+
+
+def big_config(speculative: dict, models: dict[str, Path]) -> dict:
+    """The Qwen3-8B-shaped pair in bf16: random target weights (`load_format: dummy`), token ids in and out."""
+    spec = dict(speculative)
+    if spec.get("algorithm", "none") != "none":
+        spec["draft_model_path"] = str(models["drafter"])
+    return {
+        "model": {"path": str(models["target"]), "dtype": "bfloat16", "served_name": "qwen3-8b-shaped"},
+        "server": {"device": "cuda", "metrics": True, "max_running_requests": max(BATCHES)},
+        "speculative": spec,
+        "sglang_args": {"mem_fraction_static": 0.85, "load_format": "dummy", "skip_tokenizer_init": True,
+                        "cuda_graph_bs_decode": BATCHES},
+    }
+
+
+def log_facts(text: str) -> dict:
+    captured = [(int(w), bool(tree)) for w, tree in CAPTURED.findall(text)]
+    return {
+        "captured_verify_widths": sorted({w for w, tree in captured if not tree}),
+        "captured_tree_widths": sorted({w for w, tree in captured if tree}),
+        "replayed": sorted({line.split(REPLAY_LOG_MARK, 1)[1].strip() for line in text.splitlines()
+                            if REPLAY_LOG_MARK in line}),
+        "jit_kernels": sorted({line.split(JIT_LOG_MARK, 1)[1].strip() for line in text.splitlines()
+                               if JIT_LOG_MARK in line}),
+        "triton_fell_back": FELL_BACK in text,
+        "verify_graphs_uncounted": UNCOUNTED in text,
+        "missing_kernels": sorted({m for m in re.findall(r"(\S+) was called, but it", text)}),
+        "kv_pool_tokens": [int(t) for t in KV_TOKENS.findall(text)],
+    }
+
+
+def _serve(cfg: dict, name: str, work: Path, env: dict[str, str] | None, body: Callable[[Any], dict]) -> dict:
+    from harness.server import ManagedServer
+
+    started = time.monotonic()
+    server = ManagedServer(cfg, work, name, env=env, startup_timeout=420)
+    try:
+        server.start()
+        startup = time.monotonic() - started
+        detail = body(server)
+    finally:
+        server.stop()
+    text = server.log_path.read_text(errors="replace")
+    return {"startup_s": round(startup, 1), **detail, "log": log_facts(text), "log_file": server.log_path.name}
+
+
+def _greedy(server) -> dict:
+    single = [server.generate_text(p, max_new_tokens=TINY_NEW, temperature=0) for p in PROMPTS]
+    batched = server.generate_text(PROMPTS, max_new_tokens=TINY_NEW, temperature=0)
+    outs = single + batched
+    return {"output_ids": [o["output_ids"] for o in outs],
+            "accept_length": [o["meta_info"].get("spec_accept_length") for o in outs]}
+
+
+def _sampling_smoke(server) -> dict:
+    outs = server.generate_text(PROMPTS, max_new_tokens=32, temperature=1.0)
+    lengths = [len(o["output_ids"]) for o in outs]
+    return {"sampled_lengths": lengths, "sampled_ok": all(n == 32 for n in lengths)}
+
+
+def _tree_steps(server) -> float:
+    total = 0.0
+    for line in server.metrics().splitlines():
+        if line.startswith("dflash_tree_steps_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _tiny(work: Path, name: str, speculative: dict, env: dict | None = None, extra=None) -> dict:
+    def body(server):
+        out = _greedy(server)
+        if extra is not None:
+            out |= extra(server)
+        return out
+
+    detail = _serve(tiny_config(speculative), name, work, env, body)
+    problems = _log_problems(detail["log"])
+    return {"status": "fail" if problems else "pass", "problems": problems, **detail}
+
+
+def _log_problems(facts: dict) -> list[str]:
+    problems = []
+    if facts["triton_fell_back"]:
+        problems.append("a Triton branch fell back to the eager path")
+    if facts["missing_kernels"]:
+        problems.append(f"stub kernels were called: {facts['missing_kernels']}")
+    if facts["verify_graphs_uncounted"]:
+        problems.append("verify graphs were captured after the KV pool was sized (no post-capture KV sizing)")
+    return problems
+
+
+def check_tiny_plain(work: Path) -> dict:
+    return _tiny(work, "tiny-plain", {"algorithm": "none"})
+
+
+def check_tiny_dflash(work: Path) -> dict:
+    return _tiny(work, "tiny-dflash", {"algorithm": "dflash"})
+
+
+def check_tiny_adaptive_cycle(work: Path) -> dict:
+    out = _tiny(work, "tiny-adaptive-cycle", {"algorithm": "dflash_adaptive", "adaptive": {"mode": "cycle"}},
+                extra=_sampling_smoke)
+    if not out["log"]["captured_verify_widths"]:
+        out["problems"].append("no per-width verify graph was captured")
+    if not out["log"]["replayed"]:
+        out["problems"].append("no decode CUDA graph was replayed")
+    if not out.get("sampled_ok"):
+        out["problems"].append(f"sampling at temperature 1 returned lengths {out.get('sampled_lengths')}")
+    out["status"] = "fail" if out["problems"] else "pass"
+    return out
+
+
+def check_tiny_adaptive_trees(work: Path) -> dict:
+    out = _tiny(work, "tiny-adaptive-trees",
+                {"algorithm": "dflash_adaptive", "adaptive": {"mode": "cycle", "candidates": TREE_WIDTHS}},
+                env={names.GPU_TREES: "1"}, extra=lambda s: {"tree_steps": _tree_steps(s)})
+    if not out.get("tree_steps"):
+        out["problems"].append("no tree step ran")
+    wanted = [w for w in TREE_WIDTHS if w > 16]
+    if out["log"]["captured_tree_widths"] != wanted:
+        out["problems"].append(f"tree verify graphs captured for {out['log']['captured_tree_widths']}, not {wanted}")
+    out["status"] = "fail" if out["problems"] else "pass"
+    return out
+
+
+def compare_greedy(results: dict[str, dict]) -> dict:
+    """Greedy outputs of every speculative tiny check against plain decoding's, token for token."""
+    base = results.get("tiny_plain", {}).get("detail", {}).get("output_ids")
+    if base is None:
+        return {"status": "skipped", "why": "tiny_plain produced no outputs"}
+    detail = {}
+    for name in ("tiny_dflash", "tiny_adaptive_cycle", "tiny_adaptive_trees"):
+        spec = results.get(name, {}).get("detail", {}).get("output_ids")
+        if spec is None:
+            detail[name] = "no outputs"
+            continue
+        first = [next((i for i, (x, y) in enumerate(zip(b, s)) if x != y), None if len(b) == len(s) else -1)
+                 for b, s in zip(base, spec)]
+        detail[name] = {"identical": sum(f is None for f in first), "of": len(first),
+                        "first_divergence": [f for f in first if f is not None]}
+    ok = all(isinstance(d, dict) and d["identical"] == d["of"] for d in detail.values())
+    return {"status": "pass" if ok else "fail", "detail": detail}
+
+
+def _models() -> dict[str, Path]:
+    from models import build
+
+    return build(BIG_DIR)
+
+
+def _requests(server, batch: int, new: int) -> float:
+    rng = random.Random(batch)
+    prompts = [[rng.randrange(1000, 150000) for _ in range(128)] for _ in range(batch)]
+    with ThreadPoolExecutor(batch) as pool:
+        outs = list(pool.map(lambda ids: server.generate(ids, max_new_tokens=new, temperature=0), prompts))
+    return float(sum(len(o["output_ids"]) for o in outs))
+
+
+def _step_sums(server) -> dict[str, tuple[float, float]]:
+    sums, counts = {}, {}
+    for line in server.metrics().splitlines():
+        m = re.match(r'^dflash_step_seconds_(sum|count)\{[^}]*block_size="([^"]+)"[^}]*\} (\S+)$', line)
+        if m:
+            (sums if m.group(1) == "sum" else counts)[m.group(2)] = float(m.group(3))
+    return {b: (sums.get(b, 0.0), counts.get(b, 0.0)) for b in counts}
+
+
+def check_big_adaptive_steps(work: Path) -> dict:
+    """Start-up (post-capture KV sizing), then each width's mean step time at batch 1/8/32/64 (cycle mode: every
+    width every few steps) next to the cost model's packaged H200 seed for that batch."""
+    from sglang_ext.controller.cost_model import CostModel
+    from sglang_ext.controller.config import ControllerConfig
+
+    models = _models()
+    cands = ControllerConfig().candidates_for(16)
+    seed = CostModel.default(cands)
+
+    def body(server):
+        table = {}
+        for batch in BATCHES:
+            before = _step_sums(server)
+            _requests(server, batch, 48)
+            after = _step_sums(server)
+            row = seed.row(batch)
+            table[batch] = {}
+            for k, width in enumerate(cands):
+                s1, c1 = after.get(str(width), (0.0, 0.0))
+                s0, c0 = before.get(str(width), (0.0, 0.0))
+                steps = c1 - c0
+                measured = (s1 - s0) / steps if steps else None
+                table[batch][width] = {"steps": steps, "measured_s": measured, "seed_s": float(row[k]),
+                                       "measured_over_seed": None if measured is None else measured / float(row[k])}
+        return {"step_time_by_batch": table}
+
+    detail = _serve(big_config({"algorithm": "dflash_adaptive", "adaptive": {"mode": "cycle"}}, models),
+                    "big-adaptive-steps", work, None, body)
+    problems = _log_problems(detail["log"])
+    if not detail["log"]["captured_verify_widths"]:
+        problems.append("no per-width verify graph was captured")
+    return {"status": "fail" if problems else "pass", "problems": problems, **detail}
+
+
+def _sweep(work: Path, name: str, speculative: dict, env: dict | None) -> dict:
+    models = _models()
+
+    def body(server):
+        points = {}
+        for batch in BATCHES:
+            t0 = time.monotonic()
+            tokens = _requests(server, batch, 64)
+            points[batch] = {"tokens": tokens, "seconds": time.monotonic() - t0,
+                             "tokens_per_s": tokens / (time.monotonic() - t0)}
+        return {"throughput_by_batch": points}
+
+    detail = _serve(big_config(speculative, models), name, work, env, body)
+    problems = _log_problems(detail["log"])
+    return {"status": "fail" if problems else "pass", "problems": problems, **detail}
+
+
+def check_big_sweep_plain(work: Path) -> dict:
+    return _sweep(work, "big-sweep-plain", {"algorithm": "none"}, None)
+
+
+def check_big_sweep_fixed16(work: Path) -> dict:
+    return _sweep(work, "big-sweep-fixed16", {"algorithm": "dflash"}, {"SGLANG_SIMULATE_ACC_LEN": str(SIMULATED_ACCEPT)})
+
+
+def check_big_sweep_adaptive(work: Path) -> dict:
+    return _sweep(work, "big-sweep-adaptive", {"algorithm": "dflash_adaptive"},
+                  {"SGLANG_SIMULATE_ACC_LEN": str(SIMULATED_ACCEPT)})
+
+
+CHECKS = [
+    Check("tiny_plain", "tiny", 300, check_tiny_plain),
+    Check("tiny_dflash", "tiny", 300, check_tiny_dflash),
+    Check("tiny_adaptive_cycle", "tiny", 300, check_tiny_adaptive_cycle),
+    Check("tiny_adaptive_trees", "tiny", 300, check_tiny_adaptive_trees),
+    Check("tiny_greedy_matches_plain", "compare", 5, lambda work: {}),
+    Check("big_adaptive_steps", "big", 300, check_big_adaptive_steps),
+    Check("big_sweep_plain", "big", 180, check_big_sweep_plain),
+    Check("big_sweep_fixed16", "big", 180, check_big_sweep_fixed16),
+    Check("big_sweep_adaptive", "big", 180, check_big_sweep_adaptive),
+]
+
+
+# -- dry run: the orchestration without a GPU ------------------------------------------------------------------------
+
+def _dry_pass(work: Path) -> dict:
+    return {"status": "pass", "dry_run": True}
+
+
+def _dry_raise(work: Path) -> dict:
+    raise RuntimeError("dry-run: a check that raises is recorded as an error")
+
+
+def _dry_hang(work: Path) -> dict:
+    time.sleep(3600)
+    return {"status": "pass"}
+
+
+DRY_CHECKS = [Check(c.name, c.phase, c.timeout_s, _dry_pass) for c in CHECKS] + [
+    Check("dry_error", "big", 30, _dry_raise),
+    Check("dry_timeout", "big", 2, _dry_hang),
+]
+
+
+# -- orchestration ---------------------------------------------------------------------------------------------------
+
+def run_one(check: Check, work: Path) -> None:
+    """Child process: run one check, write results/<name>.json; SIGTERM unwinds (servers stopped on the way)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        detail = check.run(work)
+        result = {"status": detail.pop("status", "pass"), "detail": detail}
+    except BaseException as e:  # noqa: BLE001 -- every failure is the report's, none the run's
+        result = {"status": "error", "error": "".join(traceback.format_exception(e))[-4000:]}
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    (work / "results").mkdir(exist_ok=True)
+    (work / "results" / f"{check.name}.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+def _spawn(check: Check, work: Path, dry: bool) -> subprocess.Popen:
+    log = work / f"{check.name}.stdout"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, __file__, "--one", check.name, "--work", str(work)] + (["--dry-run"] if dry else [])
+    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, check: Check, work: Path, timeout: float) -> dict:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=45)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return {"status": "timeout", "seconds": round(timeout, 1), "error": f"over its {timeout:.0f}s; stopped"}
+    path = work / "results" / f"{check.name}.json"
+    if not path.is_file():
+        return {"status": "error", "error": f"the check's process exited {proc.returncode} without a result"}
+    return json.loads(path.read_text())
+
+
+def orchestrate(checks: list[Check], work: Path, budget_s: float, serial: bool, dry: bool) -> dict:
+    started = time.monotonic()
+    results: dict[str, dict] = {}
+
+    def left() -> float:
+        return budget_s - (time.monotonic() - started)
+
+    def skip(check: Check) -> bool:
+        if left() < min(60.0, check.timeout_s):
+            results[check.name] = {"status": "skipped", "error": f"{left():.0f}s of the budget left"}
+            return True
+        return False
+
+    tiny = [c for c in checks if c.phase == "tiny"]
+    if tiny and not serial:
+        running = [(c, _spawn(c, work, dry)) for c in tiny if not skip(c)]
+        for c, proc in running:
+            results[c.name] = _finish(proc, c, work, max(1.0, min(c.timeout_s, left())))
+    for c in checks:
+        if c.name in results:
+            continue
+        if c.phase == "compare":
+            results[c.name] = compare_greedy(results) if not dry else {"status": "pass", "dry_run": True}
+        elif not skip(c):
+            results[c.name] = _finish(_spawn(c, work, dry), c, work, max(1.0, min(c.timeout_s, left())))
+    return results
+
+
+def device_facts() -> dict:
+    facts: dict[str, Any] = {"python": sys.version.split()[0]}
+    for mod in ("torch", "triton", "transformers", "sglang"):
+        try:
+            from importlib import metadata
+
+            facts[mod] = metadata.version(mod)
+        except Exception as e:  # noqa: BLE001
+            facts[mod] = f"absent ({type(e).__name__})"
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        facts["gpu"] = q.stdout.strip() or q.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        facts["gpu"] = f"no nvidia-smi ({type(e).__name__})"
+    return facts
+
+
+def _stop_leftovers() -> list[int]:
+    """GPU processes a timed-out check left behind (SGLang runs in its own session): stopped by their pids."""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    pids = [int(p) for p in q.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def pack_logs(work: Path, out: Path) -> Path:
+    """Every server log and check output, each cut to its last LOG_TAIL bytes, in one file ($OUT returns 8)."""
+    dest = out / "logs.tar.gz"
+    with tarfile.open(dest, "w:gz") as tar:
+        for f in sorted(work.glob("*")):
+            if f.is_file() and f.suffix in (".log", ".stdout", ".yaml"):
+                data = f.read_bytes()[-LOG_TAIL:]
+                with tempfile.NamedTemporaryFile() as tmp:
+                    tmp.write(data)
+                    tmp.flush()
+                    tar.add(tmp.name, arcname=f.name)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="the report's folder ($OUT on the device): report.json, logs.tar.gz")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gpu-kit-work",
+                    help="servers' configs and logs, the checks' results (not under --out: $OUT returns 8 files)")
+    ap.add_argument("--budget", type=float, default=480, help="seconds for every check together")
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
+    ap.add_argument("--serial", action="store_true", help="run the tiny checks one at a time")
+    ap.add_argument("--dry-run", action="store_true", help="stand-in checks: no GPU, no server")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    table = DRY_CHECKS if a.dry_run else CHECKS
+    if a.one:
+        run_one(next(c for c in table if c.name == a.one), a.work)
+        return 0
+    if a.out is None:
+        ap.error("--out is required")
+    only = [n for n in a.only.split(",") if n]
+    unknown = sorted(set(only) - {c.name for c in table})
+    if unknown:
+        ap.error(f"--only: unknown checks {unknown}; known: {[c.name for c in table]}")
+    checks = [c for c in table if not only or c.name in only]
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    results = orchestrate(checks, a.work, a.budget, a.serial, a.dry_run)
+    leftovers = [] if a.dry_run else _stop_leftovers()
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    report = {
+        "schema": SCHEMA, "kit": "dflash-serve scripts/gpu-kit", "dry_run": a.dry_run,
+        "started_unix": round(t0), "wall_s": round(time.time() - t0, 1), "budget_s": a.budget,
+        "device": {"dry_run": True} if a.dry_run else device_facts(),
+        "checks": results, "summary": counts, "stopped_leftover_pids": leftovers,
+    }
+    (a.out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    pack_logs(a.work, a.out)
+    width = max(len(n) for n in results)
+    for name, r in results.items():
+        print(f"{name:<{width}}  {r['status']:<8} {r.get('seconds', '')}")
+    print(json.dumps(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
