@@ -60,7 +60,17 @@ STUB_OPS = {
     "is_arch_support_pdl": lambda *args, **kwargs: False,
 }
 
+# submodules that must stay missing: SGLang's `except ImportError` fallback is the torch path
+KEEP_MISSING = frozenset({"sgl_kernel.scalar_type"})
+
 _installed: list[str] = []
+
+
+class _SglKernelSubmodules(frozenset):
+    """Every `sgl_kernel.*` name but KEEP_MISSING, as the names the CPU layer's stub finder serves."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.startswith("sgl_kernel.") and name not in KEEP_MISSING
 
 
 def active() -> bool:
@@ -83,6 +93,9 @@ def install() -> list[str]:
         os.environ.setdefault(key, value)
     _installed.append("env:" + ",".join(UPSTREAM_ENV))
     _installed.extend(f"stub:{root}" for root in stubs.install())
+    if "stub:sgl_kernel" in _installed:
+        # SGLang's CUDA branches import more of sgl_kernel than its CPU path (quantization, ...): the same stub
+        sys.meta_path.append(stubs._StubFinder(_SglKernelSubmodules()))
     stub = sys.modules.get("sgl_kernel")
     if stub is not None and stubs.is_stub(stub):
         device_agnostic = {n: f for n, f in kernels.IMPLEMENTED.items() if n != "copy_all_layer_kv_cache_cpu"}
