@@ -52,6 +52,8 @@ BATCHES = [1, 8, 32, 64]
 SIMULATED_ACCEPT = 6.0  # SGLANG_SIMULATE_ACC_LEN of the sweep's speculative variants
 BIG_DIR = Path(os.environ.get("GPU_KIT_MODELS", "/tmp/gpu-kit-models"))
 LOG_TAIL = 2_000_000  # bytes of each server log kept in logs.tar.gz
+STOP_S = 45  # a timed-out check's grace to stop its servers before it is killed
+RESERVE_S = STOP_S + 15  # of the budget, kept for the last check's stop and the report
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,7 @@ def _finish(proc: subprocess.Popen, check: Check, work: Path, timeout: float) ->
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=45)
+            proc.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -389,10 +391,10 @@ def orchestrate(checks: list[Check], work: Path, budget_s: float, serial: bool, 
     results: dict[str, dict] = {}
 
     def left() -> float:
-        return budget_s - (time.monotonic() - started)
+        return budget_s - RESERVE_S - (time.monotonic() - started)
 
     def skip(check: Check) -> bool:
-        if left() < min(60.0, check.timeout_s):
+        if left() < min(30.0, check.timeout_s):
             results[check.name] = {"status": "skipped", "error": f"{left():.0f}s of the budget left"}
             return True
         return False

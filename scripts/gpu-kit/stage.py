@@ -1,7 +1,7 @@
 """Stage the GPU kit's wheels HERE (PyPI reachable), sized for the device tool's 64 MiB a call.
 
     python3 scripts/gpu-kit/stage.py            # download manifest.txt's wheels, slim sglang's, split into parts
-    python3 scripts/gpu-kit/stage.py --plan     # only measure: the repository's share of a call and the parts
+    python3 scripts/gpu-kit/stage.py --plan     # only measure the staged parts against what a call leaves now
     python3 scripts/gpu-kit/stage.py --verify-installed   # ON the device: is every manifest pin installed?
 
 The wheels land in `.gpukit/` (ignored), one folder per device call: `.gpukit/part1`, `.gpukit/part2`, ... Each part
@@ -70,10 +70,13 @@ def read_manifest(path: Path = MANIFEST) -> list[Pin]:
 
 
 def repo_share(repo: Path = REPO) -> int:
-    """Bytes every device call carries from this checkout: tracked files and untracked files git does not ignore."""
+    """Bytes every device call carries from this checkout: tracked files, untracked files git does not ignore, and
+    shared/."""
     listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             check=True, capture_output=True).stdout.split(b"\0")
     paths = {repo / os.fsdecode(p) for p in listed if p}
+    if (repo / "shared").is_dir():  # the device tool sends a checkout's shared/ whatever git says of it
+        paths |= {p for p in (repo / "shared").rglob("*")}
     return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink())
 
 
@@ -160,6 +163,17 @@ def plan_parts(sizes: dict[str, int]) -> dict:
     }
 
 
+def staged_plan(dest: Path = STAGE) -> dict:
+    """The parts already in `dest`, measured against what a call leaves now (the repository grows between runs)."""
+    parts = sorted(dest.glob("part*"), key=lambda p: int(p.name[4:]))
+    share = repo_share()
+    sizes = [sum(w.stat().st_size for w in p.glob("*.whl")) for p in parts]
+    return {"call_limit_bytes": CALL_LIMIT, "repository_bytes": share, "margin_bytes": MARGIN,
+            "room_bytes": CALL_LIMIT - share - MARGIN, "wheels_bytes": sum(sizes),
+            "parts": [sorted(_wheel_name(w) for w in p.glob("*.whl")) for p in parts], "part_bytes": sizes,
+            "carry": [f".gpukit/{p.name}" for p in parts]}
+
+
 def verify_installed(pins: list[Pin] | None = None) -> list[str]:
     """Manifest pins this interpreter does not have at their version (empty: all installed)."""
     from importlib import metadata
@@ -184,16 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         wrong = verify_installed()
         print("\n".join(wrong) or "all manifest pins installed")
         return 1 if wrong else 0
-    if a.plan:
-        wheels = {_wheel_name(w): w.stat().st_size for w in STAGE.glob("part*/*.whl")}
-        plan = plan_parts(wheels)
-    else:
-        plan = stage()
+    plan = staged_plan() if a.plan else stage()
     mib = 2**20
     print(f"repository {plan['repository_bytes'] / mib:.1f} MiB a call; room for wheels {plan['room_bytes'] / mib:.1f} "
           f"MiB; wheels {plan['wheels_bytes'] / mib:.1f} MiB in {len(plan['parts'])} part(s): "
           + ", ".join(f"{c} {b / mib:.1f} MiB" for c, b in zip(plan["carry"], plan["part_bytes"])))
-    return 0
+    over = [c for c, b in zip(plan["carry"], plan["part_bytes"]) if b > plan["room_bytes"] + plan["margin_bytes"]]
+    if over:
+        print(f"{over} no longer fit a call beside the repository: run stage.py again")
+    return 1 if over else 0
 
 
 if __name__ == "__main__":
