@@ -102,7 +102,9 @@ def log_facts(text: str) -> dict:
         "replayed": sorted({line.split(REPLAY_LOG_MARK, 1)[1].strip() for line in text.splitlines()
                             if REPLAY_LOG_MARK in line}),
         "jit_kernels": sorted({line.split(JIT_LOG_MARK, 1)[1].strip() for line in text.splitlines()
-                               if JIT_LOG_MARK in line}),
+                               if JIT_LOG_MARK in line and " failed: " not in line}),
+        "jit_failed": sorted({line.split(JIT_LOG_MARK, 1)[1].strip()[:300] for line in text.splitlines()
+                              if JIT_LOG_MARK in line and " failed: " in line}),
         "triton_fell_back": FELL_BACK in text,
         "verify_graphs_uncounted": UNCOUNTED in text,
         "missing_kernels": sorted({m for m in re.findall(r"(\S+) was called, but it", text)}),

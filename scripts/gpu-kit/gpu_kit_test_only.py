@@ -53,6 +53,7 @@ BACKENDS = {
     "sampling_backend": "pytorch",
 }
 JIT_LOG_MARK = "gpu-kit: JIT kernel requested:"
+NO_JIT_VAR = "GPU_KIT_NO_JIT"  # '1': no nvcc build at all (see _log_jit)
 REPLAY_LOG_MARK = "gpu-kit: CUDA graph replayed: tokens per request"
 # sgl_kernel functions the CUDA path calls outside the fused ops, as torch-native stand-ins
 STUB_OPS = {
@@ -133,12 +134,27 @@ def _backend_defaults(sa: ModuleType) -> None:
 
 
 def _log_jit(ju: ModuleType) -> None:
+    """Log each JIT build; remember a failed one. SGLang caches only successes (`cache_once`) and some callers
+    catch the failure and take a torch path (`can_use_store_cache`), so an unremembered failure would run nvcc
+    again on every forward. `NO_JIT_VAR=1` fails every build at once: those torch paths only (a rerun's lever)."""
     from sglang_ext.patches.wrap import wrap
+
+    failed: dict[str, BaseException] = {}
 
     def make(original):
         def load_jit(*args, **kwargs):
+            key = repr((args, sorted(kwargs.items())))
+            if key in failed:
+                raise failed[key]
             logger.warning("%s %s", JIT_LOG_MARK, args[0] if args else kwargs)
-            return original(*args, **kwargs)
+            try:
+                if os.environ.get(NO_JIT_VAR) == "1":
+                    raise RuntimeError(f"{NO_JIT_VAR}=1: JIT kernels are off in the GPU kit's test-only mode")
+                return original(*args, **kwargs)
+            except Exception as e:
+                failed[key] = e
+                logger.warning("%s %s failed: %s", JIT_LOG_MARK, args[0] if args else kwargs, e)
+                raise
 
         return load_jit
 

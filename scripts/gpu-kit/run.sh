@@ -2,9 +2,10 @@
 # The GPU kit's device step (issue 41), run ON a lent GPU from the repository root by the device tool's `run`:
 #   install the staged wheels (.gpukit/part*/, carried) into the device's python3, install dflash-serve from the
 #   tree, put the test-only mode's start-up hook in place, run checks.py; report.json + logs under $OUT.
-# Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--budget S] [checks.py options: --only A,B --serial]
+# Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--no-jit] [--budget S] [checks.py: --only A,B --serial]
 #   --install-only  install what this call carried and stop (the first call of a split kit, README.md)
 #   --dry-run       no install, no GPU: the checks' orchestration with stand-ins (rehearsal, tests/unit)
+#   --no-jit        no nvcc build of SGLang's JIT kernels: their torch fallbacks only (gpu_kit_test_only.py)
 # Everything is bounded: the checks get --budget seconds (default 480) after the install, each its own timeout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,9 +18,10 @@ while (($#)); do
   case "$1" in
     --install-only) install_only=1 ;;
     --dry-run) dry=1 ;;
+    --no-jit) export GPU_KIT_NO_JIT=1 ;;
     --budget) budget=${2:?--budget needs seconds}; shift ;;
     --budget=*) budget=${1#--budget=} ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) pass+=("$1") ;;
   esac
   shift

@@ -199,3 +199,27 @@ def test_greedy_comparison_names_the_first_divergence():
     assert out["detail"]["tiny_dflash"] == {"identical": 2, "of": 2, "first_divergence": []}
     assert out["detail"]["tiny_adaptive_cycle"] == {"identical": 1, "of": 2, "first_divergence": [1]}
     assert out["detail"]["tiny_adaptive_trees"] == "no outputs"
+
+
+def test_a_failed_jit_build_is_not_retried_on_every_call(monkeypatch):
+    """SGLang caches JIT successes only, and store_cache's caller falls back to torch on a failure: unremembered,
+    a failed nvcc build would run again on every forward of the device run."""
+    from types import ModuleType
+
+    calls = []
+
+    def load_jit(name, *args, **kwargs):
+        calls.append(name)
+        raise RuntimeError(f"nvcc failed for {name}")
+
+    jit = ModuleType("fake_jit_utils")
+    jit.load_jit = load_jit
+    gpu_kit_test_only._log_jit(jit)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="nvcc failed for kvcache"):
+            jit.load_jit("kvcache", 256)
+    assert calls == ["kvcache"]
+    monkeypatch.setenv(gpu_kit_test_only.NO_JIT_VAR, "1")
+    with pytest.raises(RuntimeError, match="JIT kernels are off"):
+        jit.load_jit("other")
+    assert calls == ["kvcache"]
