@@ -37,7 +37,6 @@ from sglang_ext import names  # noqa: E402
 SCHEMA = 1
 FELL_BACK = "falling back to eager path"  # upstream's warning when a Triton branch raised
 UNCOUNTED = "were captured after the KV pool was sized"  # the worker's warning without post-capture KV sizing
-MISSING_KERNEL = "is a GPU kernel with no CPU implementation"  # sglang_ext/cpu/stubs.py: a stub op was called
 CAPTURED = re.compile(r"captured target verify graphs for width (\d+)( \(a tree)?")
 KV_TOKENS = re.compile(r"#tokens: (\d+)")
 PROMPTS = [
@@ -101,13 +100,15 @@ def log_facts(text: str) -> dict:
         "captured_tree_widths": sorted({w for w, tree in captured if tree}),
         "replayed": sorted({line.split(REPLAY_LOG_MARK, 1)[1].strip() for line in text.splitlines()
                             if REPLAY_LOG_MARK in line}),
+        "replayed_widths": sorted({int(w) for w in re.findall(re.escape(REPLAY_LOG_MARK) + r" (\d+)", text)}),
         "jit_kernels": sorted({line.split(JIT_LOG_MARK, 1)[1].strip() for line in text.splitlines()
                                if JIT_LOG_MARK in line and " failed: " not in line}),
         "jit_failed": sorted({line.split(JIT_LOG_MARK, 1)[1].strip()[:300] for line in text.splitlines()
                               if JIT_LOG_MARK in line and " failed: " in line}),
         "triton_fell_back": FELL_BACK in text,
         "verify_graphs_uncounted": UNCOUNTED in text,
-        "missing_kernels": sorted({m for m in re.findall(r"(\S+) was called, but it", text)}),
+        # sglang_ext/cpu/stubs.py: a stub op that is called raises "<op> was called, but it is a GPU kernel ..."
+        "missing_kernels": sorted(set(re.findall(r"(\S+) was called, but it", text))),
         "kv_pool_tokens": [int(t) for t in KV_TOKENS.findall(text)],
     }
 
@@ -185,8 +186,9 @@ def check_tiny_adaptive_cycle(work: Path) -> dict:
                 extra=_sampling_smoke)
     if not out["log"]["captured_verify_widths"]:
         out["problems"].append("no per-width verify graph was captured")
-    if not out["log"]["replayed"]:
-        out["problems"].append("no decode CUDA graph was replayed")
+    unreplayed = sorted(set(out["log"]["captured_verify_widths"]) - set(out["log"]["replayed_widths"]))
+    if not out["log"]["replayed"] or unreplayed:
+        out["problems"].append(f"verify graphs captured but never replayed: widths {unreplayed}")
     if not out.get("sampled_ok"):
         out["problems"].append(f"sampling at temperature 1 returned lengths {out.get('sampled_lengths')}")
     out["status"] = "fail" if out["problems"] else "pass"

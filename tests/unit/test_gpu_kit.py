@@ -223,3 +223,26 @@ def test_a_failed_jit_build_is_not_retried_on_every_call(monkeypatch):
     with pytest.raises(RuntimeError, match="JIT kernels are off"):
         jit.load_jit("other")
     assert calls == ["kvcache"]
+
+
+def test_log_facts_read_what_the_server_and_the_mode_log():
+    """The report's evidence (graphs captured and replayed per width, JIT builds, fallbacks, stub kernels called,
+    the KV pool) is read from the log lines verify_runtimes.py, the test-only mode, the CPU stubs and SGLang write."""
+    log = "\n".join([
+        "dflash-serve: captured target verify graphs for width 4 in 1.0s",
+        "dflash-serve: captured target verify graphs for width 32 (a tree: with its custom mask, batch sizes up to 16)"
+        " in 2.0s",
+        f"{gpu_kit_test_only.REPLAY_LOG_MARK} 4 (TARGET_VERIFY, batch 1)",
+        f"{gpu_kit_test_only.JIT_LOG_MARK} kvcache",
+        f"{gpu_kit_test_only.JIT_LOG_MARK} kvcache failed: nvcc exited 1",
+        "MissingKernelError: sgl_kernel.rmsnorm was called, but it is a GPU kernel with no CPU implementation in "
+        "dflash-serve.",
+        "KV Cache is allocated. #tokens: 1234",
+    ])
+    facts = checks.log_facts(log)
+    assert facts["captured_verify_widths"] == [4] and facts["captured_tree_widths"] == [32]
+    assert facts["replayed_widths"] == [4]
+    assert facts["jit_kernels"] == ["kvcache"] and facts["jit_failed"] == ["kvcache failed: nvcc exited 1"]
+    assert facts["missing_kernels"] == ["sgl_kernel.rmsnorm"] and facts["kv_pool_tokens"] == [1234]
+    assert checks._log_problems(facts) == ["stub kernels were called: ['sgl_kernel.rmsnorm']"]
+    assert checks._log_problems(checks.log_facts(checks.FELL_BACK)) == ["a Triton branch fell back to the eager path"]
