@@ -11,7 +11,8 @@ graphs, Triton attention and verify kernels) is the real one:
   * fused ops (RMSNorm, SiLU-and-mul, rotary, ...): SGLang's own pure-torch `forward_native`, through upstream's
     `SGLANG_FORCE_FUSED_OP_BACKEND`;
   * DFlash's sampling verify, whose CUDA kernel is JIT-built against FlashInfer's headers: the CPU layer's torch
-    chain sampler (sglang_ext/cpu/sampling.py), which is device-agnostic;
+    chain sampler (sglang_ext/cpu/sampling.py), which is device-agnostic; its top-k / top-p renormalisation,
+    FlashInfer's on CUDA: dflash_utils' own torch fallback;
   * backends: Triton attention (target and draft) and the pytorch sampling backend, where the config leaves them
     unset.
 JIT kernels SGLang still asks for (`sglang.kernels.jit`, nvcc on the device) are logged with `JIT_LOG_MARK`, and the
@@ -116,6 +117,10 @@ def _chain_sampler(du: ModuleType) -> None:
 
     du.tree_speculative_sampling_target_only = chain_speculative_sampling_target_only
     du._DFLASH_SAMPLING_VERIFY_AVAILABLE = True
+    # on CUDA these are FlashInfer's, imported lazily at the first top-k / top-p verify; None takes dflash_utils'
+    # own torch renormalisation
+    du.top_k_renorm_prob = None
+    du.top_p_renorm_prob = None
 
 
 def _backend_defaults(sa: ModuleType) -> None:

@@ -86,6 +86,13 @@ def main() -> int:
         except BaseException as e:  # noqa: BLE001
             failures += 1
             print(f"FAIL args {algorithm}: {type(e).__name__}: {str(e)[:300]}")
+    import sglang.srt.speculative.dflash_utils as du
+
+    stand_ins = {"verify sampler": du.tree_speculative_sampling_target_only.__module__,
+                 "top-k renorm": du.top_k_renorm_prob, "top-p renorm": du.top_p_renorm_prob}
+    print("DFlash sampling verify:", stand_ins)
+    if stand_ins != {"verify sampler": "sglang_ext.cpu.sampling", "top-k renorm": None, "top-p renorm": None}:
+        failures += 1
     print("sgl_kernel modules imported:", sorted(m for m in sys.modules if m.startswith("sgl_kernel")))
     print(f"{failures} failure(s)")
     return 1 if failures else 0
