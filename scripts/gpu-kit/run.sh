@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU kit's device step (issue 41), run ON a lent GPU from the repository root by the device tool's `run`:
 #   install the staged wheels (.gpukit/part*/, carried) into the device's python3, install dflash-serve from the
-#   tree, put the test-only mode's start-up hook in place, run checks.py; report.json + logs under $OUT.
-# Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--no-jit] [--budget S] [checks.py: --only A,B --serial]
+#   tree, put the test-only mode's start-up hook in place, run orchestrate.py; report.json + logs under $OUT.
+# Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--no-jit] [--budget S] [orchestrate.py: --only A,B --serial]
 #   --install-only  install what this call carried and stop (the first call of a split kit, README.md)
 #   --dry-run       no install, no GPU: the checks' orchestration with stand-ins (rehearsal, tests/unit)
 #   --no-jit        no nvcc build of SGLang's JIT kernels: their torch fallbacks only (gpu_kit_test_only.py)
@@ -32,7 +32,7 @@ log() { echo "[gpu-kit $(date -u +%H:%M:%S)] $*"; }
 
 if ((dry)); then
   log "dry run: no install, stand-in checks"
-  exec "$PY" "$KIT/checks.py" --dry-run --out "$OUT" --budget "$budget" "${pass[@]}"
+  exec "$PY" "$KIT/orchestrate.py" --dry-run --out "$OUT" --budget "$budget" "${pass[@]}"
 fi
 
 shopt -s nullglob
@@ -65,5 +65,5 @@ export DFLASH_SERVE_GPU_KIT_TEST_ONLY=1 PYTHONUNBUFFERED=1
 "$PY" -c 'import sys; assert "sgl_kernel" in sys.modules, "the kit hook did not run"; print("[gpu-kit] hook active")' \
   || { log "the test-only hook is not active: check $site/$hook"; exit 1; }
 log "checks (budget ${budget}s)"
-"$PY" "$KIT/checks.py" --out "$OUT" --budget "$budget" "${pass[@]}" 2>&1 | tee "$OUT/checks.log"
+"$PY" "$KIT/orchestrate.py" --out "$OUT" --budget "$budget" "${pass[@]}" 2>&1 | tee "$OUT/checks.log"
 exit "${PIPESTATUS[0]}"

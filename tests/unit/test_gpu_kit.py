@@ -21,6 +21,7 @@ sys.path.insert(0, str(KIT))
 
 import checks  # noqa: E402
 import gpu_kit_test_only  # noqa: E402
+import orchestrate  # noqa: E402
 import stage  # noqa: E402
 
 SERVING_PATH = [
@@ -182,7 +183,7 @@ def test_run_sh_dry_run_records_a_failing_and_a_timed_out_check_and_reports(tmp_
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["schema"] == checks.SCHEMA and report["dry_run"] is True
+    assert report["schema"] == orchestrate.SCHEMA and report["dry_run"] is True
     assert {k: v["status"] for k, v in report["checks"].items()} == {
         "tiny_plain": "pass", "tiny_greedy_matches_plain": "pass", "dry_error": "error", "dry_timeout": "timeout"}
     assert "a check that raises" in report["checks"]["dry_error"]["error"]
