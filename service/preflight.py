@@ -138,7 +138,7 @@ def _gpu_kit_refusal(device: str) -> str | None:
 
 def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> None:
     """The controller settings against the drafter (widths <= 4x its block; trees above it without tensor
-    parallelism, and on GPU with an attention backend that reads the tree's mask and page size 1), per-request
+    parallelism, with page size 1, and on GPU with an attention backend that reads the tree's mask), per-request
     widths (CPU) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
@@ -150,9 +150,10 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> N
     trees = settings.controller.tree_widths(draft_block)
     why = None
     if trees:
-        why = (refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1))
+        page_size = int(sglang_args.get("page_size") or 1)
+        why = (refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
                or (None if device == "cpu" else refusals.tree_attention_refusal(
-                   sglang_args.get("attention_backend"), int(sglang_args.get("page_size") or 1))))
+                   sglang_args.get("attention_backend"), page_size)))
     if why is not None:
         raise ConfigError(refusals.tree_widths_error(trees, draft_block, why))
     why = refusals.per_request_widths_refusal(device) if settings.controller.per_request_widths else None

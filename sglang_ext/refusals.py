@@ -18,11 +18,14 @@ from sglang_ext import names
 TREE_MASK_BACKENDS = {"flashinfer": "FlashInferAttnBackend", "triton": "TritonAttnBackend"}
 
 
-def tree_refusal(device: str, tp_size: int) -> str | None:
+def tree_refusal(device: str, tp_size: int, page_size: int) -> str | None:
     """Why this deployment cannot verify a tree whatever its attention backend (None: it can). ``device``: "cpu"
-    or a GPU type such as "cuda"."""
+    or a GPU type such as "cuda"; ``page_size``: the KV page size (sglang_args.page_size)."""
     if tp_size != 1:
         return f"needs tensor parallel size 1, not {tp_size} (the draft marginals read the whole LM head)"
+    why = _page_refusal(page_size)
+    if why is not None:
+        return why
     if device == "cpu":
         return None
     if os.environ.get(names.GPU_TREES) != "1":
@@ -33,11 +36,17 @@ def tree_refusal(device: str, tp_size: int) -> str | None:
 def tree_attention_refusal(backend: str | None, page_size: int) -> str | None:
     """Why a GPU target cannot verify a tree with this attention (None: it can). ``backend``: the
     sglang_args.attention_backend name or the class SGLang built (None: not chosen yet; the worker checks the
-    class). The KV page size must be 1: the commit remaps the path's slots one by one in req_to_token."""
+    class)."""
     if backend is not None and backend not in TREE_MASK_BACKENDS and backend not in TREE_MASK_BACKENDS.values():
         known = " or ".join(TREE_MASK_BACKENDS)
         return (f"on GPU needs an attention backend that reads the tree's mask ({known}), not {backend}: set "
                 f"sglang_args.attention_backend to {known}")
+    return _page_refusal(page_size)
+
+
+def _page_refusal(page_size: int) -> str | None:
+    # on every device: the commit remaps the walked path's slots one by one in req_to_token, which a paged pool
+    # (slots allocated and freed by whole pages) cannot hold
     if page_size != 1:
         return f"needs KV page size 1, not {page_size}: unset sglang_args.page_size"
     return None

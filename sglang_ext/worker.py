@@ -117,7 +117,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def _checked_trees(self, settings: AdaptiveSettings, tp_size: int) -> bool:
         """Whether any candidate width verifies a tree; refused where trees are not built (the preflight's rule)."""
         widths = settings.controller.tree_widths(self.max_block)
-        why = refusals.tree_refusal(torch.device(self.device).type, tp_size) if widths else None
+        why = (refusals.tree_refusal(torch.device(self.device).type, tp_size, get_schedule().page_size or 1)
+               if widths else None)
         if why is not None:
             raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(widths, self.max_block, why)}")
         return bool(widths)

@@ -127,6 +127,19 @@ def test_block_size_larger_than_trained(tmp_path, tiny_pair):
         check(load_config(write(tmp_path, data)))
 
 
+def test_trees_with_a_kv_page_size_above_1_are_refused_on_cpu_too(tmp_path, tiny_pair):
+    """The tree commit remaps the walked path's slots one by one: a paged KV pool cannot hold it on any device."""
+    data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
+    data["speculative"]["adaptive"] = {"candidates": [1, 16, 64]}
+    data["sglang_args"] = {"page_size": 16}
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: widths \[64\] are above the drafter's "
+                                          r"block 16, so they verify a DDTree, which needs KV page size 1, not 16: "
+                                          r"unset sglang_args.page_size; use widths up to 16"):
+        check(load_config(write(tmp_path, data)))
+    data["speculative"]["adaptive"] = {"candidates": [1, 16]}  # chains only: a paged pool serves them
+    assert check(load_config(write(tmp_path, data))).draft_block_size == 16
+
+
 def test_a_tree_width_the_window_cannot_hold_or_a_gpu_that_cannot_read_its_mask_is_refused(tmp_path, tiny_pair,
                                                                                              monkeypatch):
     data = good(tiny_pair, algorithm="dflash_adaptive", draft_model_path=str(tiny_pair["drafter"]))
