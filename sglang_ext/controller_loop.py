@@ -16,7 +16,11 @@ Contract (the worker calls, in this order per decode step):
     hindsight, the cost-table broadcast and metrics. Never raises: a fault is logged and counted
     (``dflash_controller_errors_total``) and serving keeps the last width;
   * ``interrupt()``: a non-decode forward (prefill, idle) is being launched: no interval it touches is a decode
-    step's time; ``request_finished(rid)``: forget a request (also when its last step is still pending).
+    step's time; ``request_finished(rid)``: forget a request (also when its last step is still pending), for every
+    way a request leaves: finished, aborted, or aborted by the scheduler (inside ``retract_decode``, or while
+    queued). A retracted request that is re-queued is not finished: its state is kept under its rid and its next
+    steps continue it (lossless either way: the state only picks widths, and the request's acceptance history
+    still describes it after re-prefill).
 Step times: the interval between two consecutive launches [t_k, t_k+1] is credited to one decode step, never to a
 prefill. Without the overlap scheduler the host processes step k before it launches k + 1, so the interval is step
 k's (k and k + 1 decode steps). With the overlap scheduler (the GPU default) step k + 1 is launched after the host
@@ -56,6 +60,7 @@ class Metrics(Protocol):
     """What the loop publishes (sglang_ext.metrics.DFlashMetrics)."""
 
     errors: Any
+    live_request_states: Any  # a gauge: .set(n)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
@@ -204,6 +209,8 @@ class ControllerLoop:
             for rid in step.rids:
                 if rid in self._finished_set:
                     ctl.finish(rid)
+            if self.metrics is not None:
+                self.metrics.live_request_states.set(ctl.live_requests)
         synced = False
         if ctl.cost_sync_due:
             ctl.sync_cost_table(self._broadcast)
@@ -226,6 +233,8 @@ class ControllerLoop:
         if self.metrics is not None:
             self.metrics.flush()  # the steps counted in process are on /metrics before the request's answer
         self.controller.finish(rid)
+        if self.metrics is not None:
+            self.metrics.live_request_states.set(self.controller.live_requests)
         if len(self._finished) == self._finished.maxlen:
             self._finished_set.discard(self._finished[0])
         self._finished.append(rid)

@@ -56,6 +56,9 @@ steps late, and before a finished request's answer:
                                           sum(rate(dflash_tree_extra_tokens_total[5m])) / sum(rate(dflash_verify_steps_total[5m]))
 Gauges:
   dflash_block_size                       verify width of the latest decode step.
+  dflash_live_request_states              requests the controller keeps per-request state for, written when a
+                                          request leaves (finished, aborted, or aborted by the scheduler itself):
+                                          0 once idle, else controller state leaked.
   dflash_predicted_goodput_tokens_per_second
                                           the controller's predicted committed tokens/s of the batch at its choice.
                                           Realised: rate(sglang:generation_tokens_total[1m]); ratio = model error.
@@ -180,6 +183,8 @@ class DFlashMetrics:
         self.calibration = [[calibration.labels(block_size=str(b), sampling=s, **labels)
                              for b in calibrated] for s in SAMPLING_CLASSES]
         self.block_size = gauge("dflash_block_size", "Verify width of the latest decode step").labels(**labels)
+        self.live_request_states = gauge("dflash_live_request_states",
+                                         "Requests holding per-request controller state").labels(**labels)
         self.goodput = gauge("dflash_predicted_goodput_tokens_per_second",
                              "Predicted committed tokens/s of the batch at the chosen width").labels(**labels)
         p = gauge("dflash_acceptance_probability", "Controller's global conditional acceptance p_j", ["position"])

@@ -32,6 +32,7 @@ CONTRACT = {
     "dflash_ragged_steps_total": ("counter", ()),
     "dflash_ragged_request_steps_total": ("counter", ("block_size",)),
     "dflash_block_size": ("gauge", ()),
+    "dflash_live_request_states": ("gauge", ()),
     "dflash_predicted_goodput_tokens_per_second": ("gauge", ()),
     "dflash_acceptance_probability": ("gauge", ("position",)),
     "dflash_tree_expected_extra_tokens": ("gauge", ("budget", "sampling")),
@@ -89,6 +90,7 @@ class FakeDFlash:
             self.block = best
         b = self.block
         m["dflash_block_size"].labels(**lab).set(b)
+        m["dflash_live_request_states"].labels(**lab).set(batch)
         m["dflash_controller_errors_total"].labels(**lab).inc(0)
         m["dflash_block_size_steps_total"].labels(**lab, block_size=str(b)).inc()
         self.width1_steps += b == 1

@@ -405,3 +405,21 @@ def test_ragged_steps_are_counted_by_request_width_and_kept_out_of_the_cost_tabl
     assert value("dflash_accepted_tokens_total") == 12
     assert reg.get_sample_value("dflash_step_seconds_count", labels | {"block_size": "ragged"}) == 3
     np.testing.assert_array_equal(lp.controller.cost_model.table, table)
+
+
+def test_live_request_states_gauge_returns_to_zero_on_every_exit_path():
+    """dflash_live_request_states counts the controller's per-request states: each request that leaves -- finished,
+    or ended while its last step is still in flight (an abort, a retraction abort) -- frees its state."""
+    reg = CollectorRegistry()
+    lp = loop(reg)
+    live = lambda: reg.get_sample_value("dflash_live_request_states", {"model_name": "m"})
+    launch(lp, ["a", "b", "c"], 1.0, [[1, 2, 3, 4]] * 3)
+    lp.complete([3, 3, 3], 3)
+    lp.request_finished("a")
+    assert live() == 2 == lp.controller.live_requests
+    launch(lp, ["b", "c"], 2.0, [[1, 2, 3, 4]] * 2)
+    lp.request_finished("b")  # aborted while its step is in flight: its feedback must not bring its state back
+    lp.complete([3, 3], 2)
+    assert live() == 1 == lp.controller.live_requests
+    lp.request_finished("c")
+    assert live() == 0 == lp.controller.live_requests
