@@ -21,7 +21,7 @@ ALL_DEVICES: tuple[tuple[str, str], ...] = (
     ("penalty_order", "penalties in one order in every process: additive, then scaling"),
     ("verify_sampling", "DFlash verify samples as plain decoding: per-row penalties, min_new_tokens, min_p"),
     ("dflash_headroom", "req_to_token rows wide enough for DFlash's 2-block decode reserve"),
-    ("abort_finish", "the worker told of requests the scheduler aborts itself (retraction, queue), not only finished ones"),
+    ("abort_finish", "the worker told of requests the scheduler aborts itself (retraction, queue)"),
     ("idle_metrics", "idle gauges published on the first idle pass"),
     ("profiler_spans", "the per-step result-copy profiler span only while a profiler records"),
     ("http_guard", "OpenAI-shaped errors, 404/413/415, 503 while draining (dflash-serve only)"),

@@ -16,7 +16,16 @@ DDTree windows wider than the block (DFLASH_ADAPTIVE with a candidate width w > 
 host's committed lengths lag the device by one step, which commits at most B tokens, so the 2 * B reserve
 guarantees B slots past a request's true length; a tree verify writes w. `prepare_for_decode` then reserves w + B
 for the widest candidate w (its `page_aligned_decode_alloc_lens`, imported by name, is wrapped there) and the rows
-grow by the same amount. Retired by: upstream sizing DFlash's reserve (and the rows) from the verify width the worker uses.
+grow by the same amount.
+
+The scheduler's decode-memory estimate must count the same w + B: `check_decode_mem` (managers/schedule_batch.py
+`_new_tokens_required_next_decode_spec_v2`, which reads `get_alloc_reserve_per_decode()` = 2 * B, imported by name)
+decides whether the next decode fits or `retract_decode` must free room. Counting 2 * B while `prepare_for_decode`
+allocates w + B let a full pool pass the check, and `alloc_token_slots` then raised "Out of memory" inside
+`prepare_for_decode`, killing the scheduler where it should have retracted. The reserve is widened by the same
+tree extra, so the check, the retraction loop (which converges on the same check) and the allocation agree.
+Retired by: upstream sizing DFlash's reserve (the rows, the decode allocation and the scheduler's estimate) from
+the verify width the worker uses.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ from sglang_ext.patches.wrap import when_imported, wrap
 SIZING = "sglang.srt.mem_cache.allocation_sizing"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator"
 DECODE_INFO = "sglang.srt.speculative.dflash_info_v2"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 
 
 def tree_extra(num_draft_tokens: int) -> int:
@@ -43,22 +53,45 @@ def dflash_extra(num_draft_tokens: int, page_size: int) -> int:
     return 2 * num_draft_tokens + tree_extra(num_draft_tokens) + max(page_size, 1) - 1 + 4
 
 
+def _serves_dflash() -> bool:
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    name = get_spec().speculative_algorithm
+    return name is not None and SpeculativeAlgorithm.from_string(name).is_dflash()
+
+
 def _patch_sizing(sizing: ModuleType) -> None:
-    def make(original):
+    def make_rows(original):
         def get_req_to_token_extra_context_len() -> int:
             extra = original()
-            from sglang.srt.runtime_context import get_spec
-            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-            name = get_spec().speculative_algorithm
-            if name is None or not SpeculativeAlgorithm.from_string(name).is_dflash():
+            if not _serves_dflash():
                 return extra
             block = sizing.max_speculative_num_draft_tokens() or 0
             return max(extra, dflash_extra(block, sizing.get_alloc_page_size()))
 
         return get_req_to_token_extra_context_len
 
-    wrap(sizing, "get_req_to_token_extra_context_len", make)
+    def make_reserve(original):
+        def get_alloc_reserve_per_decode() -> int:
+            reserve = original()
+            if not _serves_dflash():
+                return reserve
+            return reserve + tree_extra(sizing.max_speculative_num_draft_tokens() or 0)
+
+        return get_alloc_reserve_per_decode
+
+    wrap(sizing, "get_req_to_token_extra_context_len", make_rows)
+    wrap(sizing, "get_alloc_reserve_per_decode", make_reserve)
+
+
+def _patch_decode_estimate(schedule_batch: ModuleType) -> None:
+    # imported by name at module import: rebind its global to the widened reserve
+    import importlib
+
+    sizing = importlib.import_module(SIZING)
+    _patch_sizing(sizing)
+    schedule_batch.get_alloc_reserve_per_decode = sizing.get_alloc_reserve_per_decode
 
 
 def _patch_configurator(configurator: ModuleType) -> None:
@@ -89,3 +122,4 @@ def install() -> None:
     when_imported(SIZING, _patch_sizing)
     when_imported(CONFIGURATOR, _patch_configurator)
     when_imported(DECODE_INFO, _patch_decode_reserve)
+    when_imported(SCHEDULE_BATCH, _patch_decode_estimate)

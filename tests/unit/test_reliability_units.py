@@ -265,6 +265,43 @@ def test_a_tree_window_wider_than_the_block_is_reserved_and_fits_the_rows(monkey
     adaptive_settings.cache_clear()
 
 
+RESERVE_PROBE = r"""
+import json, types
+from sglang.srt.mem_cache import allocation_sizing as sizing
+from sglang_ext.patches import dflash_headroom
+
+# the spec config bags exist only inside a server: DFLASH_ADAPTIVE with the drafter's block of 16
+sizing.get_alloc_len_per_decode = sizing.max_speculative_num_draft_tokens = lambda: 16
+dflash_headroom._serves_dflash = lambda: True
+dflash_headroom.install()
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.speculative import dflash_info_v2
+
+kv = [(100, 100), (100, 132), (90, 170), (40, 200)]  # (committed, allocated): fresh, 2B ahead, part, all ahead
+reqs = [types.SimpleNamespace(kv=types.SimpleNamespace(kv_committed_len=c, kv_allocated_len=a)) for c, a in kv]
+estimate = ScheduleBatch._new_tokens_required_next_decode_spec_v2(None, reqs, 1)
+_, _, allocated = dflash_info_v2.page_aligned_decode_alloc_lens(reqs, reserve=2 * 16, page_size=1)
+print("RESULT" + json.dumps({"estimate": estimate, "allocated": allocated}))
+"""
+
+
+def test_the_schedulers_decode_memory_check_counts_what_a_tree_window_allocates():
+    """check_decode_mem (SGLang's estimate of the next decode's KV slots) must equal what DFlash's
+    prepare_for_decode allocates, tree window included: an estimate below it lets a full pool pass the check, and the
+    allocation raises "Out of memory" in the scheduler instead of retract_decode freeing room."""
+    from tests.conftest import child_result
+    from sglang_ext.controller.config import ControllerConfig
+    from sglang_ext.settings import AdaptiveSettings
+
+    trees = AdaptiveSettings(ControllerConfig(candidates=(1, 16, 64))).to_json()
+    got = child_result("-c", RESERVE_PROBE, **{env.ADAPTIVE: trees})
+    assert got["allocated"] == (64 + 16) + (64 + 16 - 32) + (64 + 16 - 80) + 0
+    assert got["estimate"] == got["allocated"]
+    chains = AdaptiveSettings(ControllerConfig(candidates=(1, 4, 16))).to_json()
+    got = child_result("-c", RESERVE_PROBE, **{env.ADAPTIVE: chains})
+    assert got["estimate"] == got["allocated"] == 32 + 0 + 0 + 0
+
+
 def test_idle_gauges_are_published_on_the_first_idle_pass_after_a_busy_publish():
     calls = []
 
