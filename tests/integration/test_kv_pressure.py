@@ -5,14 +5,17 @@ plain decoding decodes, and gives back every KV slot and every per-request contr
 """
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from harness.server import http_json
-from tests.integration.test_adaptive import adaptive_config, scrape
+from tests.integration.test_adaptive import adaptive_config, by_label, scrape
 
 pytestmark = pytest.mark.server
 
@@ -20,7 +23,10 @@ MAX_NEW = 160
 CONCURRENT = 12
 # smaller than the batch's demand (12 x (prompt + 160 + the tree's 80-slot window)): decode runs out of KV
 POOL_TOKENS = 1536
-PRESSURE_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+ADMIN, ADMIN_ENV = "kv-pressure-admin-5e1d", "DFLASH_KV_PRESSURE_ADMIN_KEY"  # /abort_request is an admin route
+# retracted requests wait in the queue while more than 3 run (aborts reach them there)
+PRESSURE_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_NO_PREFILL_BS": "3",
+                "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", ADMIN_ENV: ADMIN}
 # one step kind per decode step, every kind in every few steps: chain 16, width 1 (deferred append), trees 32, 64
 STEP_KINDS = [16, 1, 1, 64, 8, 32, 1]
 SERVERS = {
@@ -33,7 +39,8 @@ SERVERS = {
 @pytest.fixture(scope="module", params=list(SERVERS))
 def pressure_server(request, module_server_factory, tiny_pair):
     cfg = adaptive_config(tiny_pair, **SERVERS[request.param])
-    cfg["server"] |= {"max_total_tokens": POOL_TOKENS, "max_running_requests": CONCURRENT}
+    cfg["server"] |= {"max_total_tokens": POOL_TOKENS, "max_running_requests": CONCURRENT,
+                      "admin_api_key_env": ADMIN_ENV}
     return module_server_factory(cfg, f"kv-pressure-{request.param}", env=PRESSURE_ENV)
 
 
@@ -63,30 +70,47 @@ def _idle(server, timeout: float = 60) -> tuple[float, float]:
         time.sleep(1)
 
 
-def test_retraction_storm_loses_nothing_and_leaks_nothing(pressure_server, pressure_prompts, plain_outputs):
+def _ran_every_step_kind(server, kind: str) -> bool:
+    if kind == "per-request":
+        return sum(scrape(server, "dflash_ragged_steps_total").values()) > 0
+    steps = by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
+    return all(steps.get(str(w), 0) > 0 for w in STEP_KINDS)
+
+
+def test_retraction_storm_loses_nothing_and_leaks_nothing(request, pressure_server, pressure_prompts, plain_outputs):
     with ThreadPoolExecutor(CONCURRENT) as pool:
         out = list(pool.map(lambda ids: pressure_server.generate(ids, max_new_tokens=MAX_NEW, temperature=0),
                             pressure_prompts))
     assert [r["meta_info"]["finish_reason"] for r in out] == [r["meta_info"]["finish_reason"] for r in plain_outputs]
     assert [r["output_ids"] for r in out] == [r["output_ids"] for r in plain_outputs]
     assert re.search(r"#retracted_reqs: [1-9]", pressure_server.log_tail(100000))  # the storm really retracted
+    assert _ran_every_step_kind(pressure_server, request.node.callspec.params["pressure_server"])
     assert _idle(pressure_server) == (0, 0)
     assert pressure_server.proc.poll() is None, pressure_server.log_tail()
 
 
-def test_clients_vanishing_mid_storm_leave_no_kv_or_controller_state(pressure_server, pressure_prompts):
-    """Requests aborted while running or while re-queued by a retraction (their clients disconnect) free their
-    KV and their controller state."""
-    def vanish(ids) -> bool:
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1000, "temperature": 0, "ignore_eos": True}}
+def test_requests_aborted_mid_storm_leave_no_kv_or_controller_state(pressure_server, pressure_prompts):
+    """Requests aborted while running, or while waiting re-queued by a retraction (the scheduler ends those itself,
+    outside a batch's results), free their KV and their controller state."""
+    rids = [f"aborted-{i}-{time.monotonic_ns()}" for i in range(CONCURRENT)]
+
+    def run(ids_rid) -> str:
+        ids, rid = ids_rid
+        body = {"rid": rid, "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 2 * MAX_NEW, "temperature": 0, "ignore_eos": True}}
         try:
-            http_json(f"{pressure_server.url}/generate", body, timeout=3)
-        except TimeoutError:
-            return True
-        return False
+            return http_json(f"{pressure_server.url}/generate", body, timeout=300)["meta_info"]["finish_reason"]["type"]
+        except urllib.error.HTTPError:  # an aborted request's answer
+            return "abort"
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
-        vanished = sum(pool.map(vanish, pressure_prompts))
-    assert vanished >= CONCURRENT // 2, vanished
+        answers = pool.map(run, zip(pressure_prompts, rids))
+        time.sleep(1)  # decoding, retracting and re-queueing
+        for rid in rids:
+            abort = urllib.request.Request(f"{pressure_server.url}/abort_request", json.dumps({"rid": rid}).encode(),
+                                           {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"})
+            urllib.request.urlopen(abort, timeout=30).close()
+        answers = list(answers)
+    assert set(answers) <= {"abort", "length"} and answers.count("abort") >= CONCURRENT // 2, answers
     assert _idle(pressure_server) == (0, 0)
     assert pressure_server.proc.poll() is None, pressure_server.log_tail()
