@@ -5,9 +5,12 @@ SGLang 0.5.23 calls `draft_worker.note_request_finished` only for requests finis
 `retract_decode` when even one request no longer fits, aborted while waiting (a retracted request re-queued, then
 abort_request or a client disconnect), pushed out of a full queue -- is reported through
 `Scheduler.send_abort_output` (managers/scheduler.py) and never reaches the worker, so the DFLASH_ADAPTIVE
-controller kept its per-request state for good. This notifies the worker there as well (natural_stop False);
-a request the worker never saw is a no-op for it. Retired by: upstream calling `note_request_finished` for every
-request that leaves the scheduler, results or aborts.
+controller kept its per-request state for good. Nor does a request that finishes in a prefill result
+(`SchedulerBatchResultProcessor.process_batch_result_prefill`): a retracted request keeps its controller state
+while re-queued, and one aborted while its re-prefill runs (SGLang's `to_finish`) ends there. This notifies the
+worker on both paths as well (natural_stop False); a request the worker never saw is a no-op for it. Retired by:
+upstream calling `note_request_finished` for every request that leaves the scheduler, results of any forward mode
+or aborts.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from types import ModuleType
 from sglang_ext.patches.wrap import when_imported, wrap
 
 SCHEDULER = "sglang.srt.managers.scheduler"
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 
 def _patch(scheduler: ModuleType) -> None:
@@ -33,5 +37,24 @@ def _patch(scheduler: ModuleType) -> None:
     wrap(scheduler.Scheduler, "send_abort_output", make)
 
 
+def _patch_prefill(results: ModuleType) -> None:
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+    def make(original):
+        def process_batch_result_prefill(self, batch, result):
+            out = original(self, batch, result)
+            worker = getattr(self, "draft_worker", None)
+            if isinstance(worker, BaseSpecWorker):
+                for req in batch.reqs:
+                    if req.finished():
+                        worker.note_request_finished(rid=req.rid, natural_stop=False)
+            return out
+
+        return process_batch_result_prefill
+
+    wrap(results.SchedulerBatchResultProcessor, "process_batch_result_prefill", make)
+
+
 def install() -> None:
     when_imported(SCHEDULER, _patch)
+    when_imported(RESULTS, _patch_prefill)
