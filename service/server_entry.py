@@ -38,10 +38,12 @@ def main() -> int:
     key = os.environ.pop(env.API_KEY, None)
     admin_key = os.environ.pop(env.ADMIN_API_KEY, None)
     argv = ["sglang", *sys.argv[1:]]
+    # `--flag=value`, not two words: a key may start with "-" (token_urlsafe does one time in 64), which argparse
+    # would read as the next option and stop the server with "expected one argument".
     if key:
-        argv += ["--api-key", key]
+        argv.append(f"--api-key={key}")
     if admin_key or "--grpc-port" not in argv:  # SGLang refuses any key with its gRPC listener, which has no auth
-        argv += ["--admin-api-key", admin_key or secrets.token_urlsafe(32)]
+        argv.append(f"--admin-api-key={admin_key or secrets.token_urlsafe(32)}")
     sys.argv = argv
     from sglang.cli.main import main as sglang_main
 

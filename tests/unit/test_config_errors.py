@@ -225,6 +225,35 @@ def test_admin_key_comes_from_its_own_variable_and_is_not_the_client_key(tmp_pat
         plan(load_config(write(tmp_path, data)))
 
 
+@pytest.mark.parametrize("admin_key", ["-adm1n-key", None])
+def test_server_entry_hands_keys_that_start_with_a_dash_to_sglang_intact(monkeypatch, admin_key):
+    """A key is any string: one starting with "-" (a random admin key is one 1 time in 64) must reach SGLang's
+    parser as the flag's value, not be read as the next option (that stopped a CI fleet at start-up)."""
+    import secrets
+
+    import sglang.cli.main
+
+    from service import server_entry
+    from service.sglang_args import sglang_parser
+
+    seen = {}
+    monkeypatch.setattr(sglang.cli.main, "main", lambda: seen.setdefault("argv", list(sys.argv)) and 0)
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: "-" + "r" * n)
+    monkeypatch.setenv("DFLASH_SERVE_SGLANG_API_KEY", "--client-key")
+    if admin_key:
+        monkeypatch.setenv("DFLASH_SERVE_SGLANG_ADMIN_API_KEY", admin_key)
+    else:
+        monkeypatch.delenv("DFLASH_SERVE_SGLANG_ADMIN_API_KEY", raising=False)
+    monkeypatch.delenv("DFLASH_SERVE_SGLANG_ARGS", raising=False)
+    monkeypatch.setattr(sys, "argv", ["server_entry", "serve", "--model-path", "m", "--port", "1"])
+    assert server_entry.main() == 0
+    argv = seen["argv"]
+    assert argv[:2] == ["sglang", "serve"]
+    args = sglang_parser().parse_args(argv[2:])
+    assert args.api_key == "--client-key"
+    assert args.admin_api_key == (admin_key or "-" + "r" * 32)
+
+
 def test_cpu_launch_plan_sets_the_cpu_layer_and_threads(tmp_path, tiny_pair):
     data = good(tiny_pair) | {"server": {"device": "cpu", "cpu_threads": 3}}
     p = plan(load_config(write(tmp_path, data)), validate_sglang_args=False)
