@@ -98,7 +98,9 @@ def plain_server(server_factory, tiny_pair) -> ManagedServer:
 
 @pytest.fixture(scope="session")
 def dflash_server(server_factory, tiny_pair) -> ManagedServer:
-    return server_factory(default_config(tiny_pair), "dflash")
+    """Upstream's DFLASH at the drafter's block (a config choice; the default serves dflash_adaptive)."""
+    return server_factory(default_config(tiny_pair, algorithm="dflash", draft_model_path=tiny_pair["drafter"]),
+                          "dflash")
 
 
 @pytest.fixture(scope="session")

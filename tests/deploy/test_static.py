@@ -249,11 +249,10 @@ def test_docker_configs_are_valid_and_bind_all_interfaces():
 
 
 def test_cpu_docker_config_is_the_embedded_default_in_a_container():
-    """cpu-docker.yaml = cpu.yaml + {host 0.0.0.0, dflash_adaptive}: a change of the default reaches the image."""
+    """cpu-docker.yaml = cpu.yaml + {host 0.0.0.0}: a change of the default reaches the image."""
     default = yaml.safe_load((CONFIGS / "cpu.yaml").read_text())
     docker = yaml.safe_load((CONFIGS / "cpu-docker.yaml").read_text())
     default["server"]["host"] = "0.0.0.0"
-    default["speculative"]["algorithm"] = "dflash_adaptive"
     docker.pop("fleet")  # where the compose fleet publishes its replicas (test_prometheus_finds_the_fleet)
     assert docker == default
 
