@@ -5,8 +5,8 @@
 
 Each dataset line is one request: a chat line streams /v1/chat/completions, a {"prompt": ...} line streams
 /v1/completions (raw text, no chat template); a line's own "temperature" overrides --temperature (mixed traffic:
-loadtest/prompts/mixed.jsonl). Each request streams (`stream_options.include_usage`) and reports, besides the request itself, custom
-"METRIC" entries in Locust's stats, CSV and web UI (response time column = the value):
+loadtest/prompts/mixed.jsonl). Each request streams (`stream_options.include_usage`) and reports, besides the
+request itself, custom "METRIC" entries in Locust's stats, CSV and web UI (response time column = the value):
   ttft           ms to the first non-empty content delta
   itl            ms between consecutive content chunks (one entry per gap; a speculative step may emit
                  several tokens in one chunk, so this is per chunk -- see tpot for per token)
@@ -46,7 +46,7 @@ from locust.exception import StopUser  # noqa: E402
 
 from loadtest.client_work import ClientTokenizerError, Retokenizer, load_tokenizer  # noqa: E402
 from loadtest.dataset import BUNDLED, DatasetError, Request, load_requests  # noqa: E402
-from loadtest.sse import ChatStreamParser, StreamError  # noqa: E402
+from loadtest.sse import ChatStreamParser, StreamError, StreamTimings  # noqa: E402
 from loadtest.summary import RunRecorder  # noqa: E402
 
 METRIC = "METRIC"
@@ -59,7 +59,7 @@ PROMPTS: list[Request] = []
 RECORDER = RunRecorder()
 CLIENT: dict[str, object] = {}    # "tokenizer": the --client-tokenizer's; "record": the --record-file, open
 _MODELS: dict[str, str] = {}      # host -> model listed by /v1/models
-_BUDGET = {"sent": 0, "done": 0}  # chat requests of this test, for --requests
+_BUDGET = {"sent": 0, "done": 0}  # requests of this test, for --requests
 
 
 @events.init_command_line_parser.add_listener
@@ -92,7 +92,7 @@ def _options(parser) -> None:
     parser.add_argument("--api-key", default="", is_secret=True, env_var="LOCUST_API_KEY",
                         help="bearer token (env LOCUST_API_KEY)")
     parser.add_argument("--requests", type=int, default=0,
-                        help="stop after this many chat requests, failed ones included (default 0: no limit)")
+                        help="stop after this many requests, failed ones included (default 0: no limit)")
     parser.add_argument("--summary-file", default="", include_in_web_ui=False,
                         help="write exact percentiles and steady-state throughput as JSON here on exit")
     parser.add_argument("--record-file", default="", include_in_web_ui=False,
@@ -260,7 +260,7 @@ class ChatUser(HttpUser):
         return True
 
 
-def _write_record(req: Request, body: dict, timings, start: float, work: Retokenizer | None) -> None:
+def _write_record(req: Request, body: dict, timings: StreamTimings, start: float, work: Retokenizer | None) -> None:
     """One completed request as a JSON line: what a per-request comparison of servers joins on (the line)."""
     f = CLIENT["record"]
     started = RECORDER.started_at if RECORDER.started_at is not None else start

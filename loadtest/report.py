@@ -106,7 +106,8 @@ def _client_table(ok: list[dict]) -> list[str]:
         return []
     out = ["", "## Client work (re-tokenizing per streamed chunk)", "",
            "ms per chunk, and the client's tokenizing time over the point's duration (1.00 = one core busy).", "",
-           "| config | users | chunks | ms p50 | ms p99 | ms mean | client cores |", "|---|---:|---:|---:|---:|---:|---:|"]
+           "| config | users | chunks | ms p50 | ms p99 | ms mean | client cores |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for p in rows:
         c = p["client_tokenize"]
         cores = c["mean"] * c["count"] / 1e3 / p["duration_s"] if p.get("duration_s") else None

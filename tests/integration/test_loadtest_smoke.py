@@ -131,7 +131,8 @@ COMPLETION_TOKENS = 16
 @pytest.fixture(scope="module")
 def completions_run(dflash_server, tmp_path_factory):
     """One Locust run of raw-code completion prompts with the CPU-heavy client: 2 users, 4 requests of exactly
-    16 tokens, every request recorded; and the server's generated-token count over the run."""
+    16 tokens (each of the 2 prompts twice), every request recorded; and the server's generated-token count over
+    the run."""
     tmp = tmp_path_factory.mktemp("completions")
     data = tmp / "realcode2.jsonl"
     data.write_text("".join(REALCODE.read_text().splitlines(keepends=True)[:2]))
@@ -139,7 +140,8 @@ def completions_run(dflash_server, tmp_path_factory):
     # --model: no /v1/models lookup, so the summary's request count is the completions alone (Locust's own CSV
     # is rewritten every second, not at exit: a run this short may end before it holds every request)
     r = locust("-u", "2", "-r", "2", "--requests", "4", "--host", dflash_server.url, "--model", "tiny",
-               "--dataset", str(data), "--max-tokens", str(COMPLETION_TOKENS), "--ignore-eos",
+               "--dataset", str(data), "--prompt-order", "sequence", "--max-tokens", str(COMPLETION_TOKENS),
+               "--ignore-eos",
                "--summary-file", str(tmp / "summary.json"), "--record-file", str(tmp / "records.jsonl"),
                "--client-tokenizer", "models/tiny-code/target", timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -158,7 +160,8 @@ def test_completion_prompts_stream_from_v1_completions_timed_and_counted(complet
     summary, records = completions_run["summary"], completions_run["records"]
     assert (summary["requests"], summary["failures"]) == (4, 0)
     # Locust's console table: the requests went to /v1/completions, none to the chat endpoint
-    assert "POST     /v1/completions" in completions_run["stderr"] and "chat/completions" not in completions_run["stderr"]
+    table = completions_run["stderr"]
+    assert "POST     /v1/completions" in table and "chat/completions" not in table
     for name in CUSTOM_METRICS:
         assert summary["metrics"][name]["count"] > 0, name
     # counted from the stream's usage chunk, and the server generated exactly those tokens
