@@ -27,7 +27,8 @@ def load_tokenizer(directory: str | Path):
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
-        raise ClientTokenizerError(f"{path}: no Hugging Face tokenizer there ({str(e)[:200]}); pass a model or "
+        why = " ".join(str(e).split())[:200]    # one line: it ends up in a command-line error
+        raise ClientTokenizerError(f"{path}: no Hugging Face tokenizer there ({why}); pass a model or "
                                    f"tokenizer directory (the bundled one: models/tiny-code/target)") from None
 
 
