@@ -1,24 +1,29 @@
-"""Locust user for dflash-serve: streaming OpenAI chat completions, timed from the SSE stream.
+"""Locust user for dflash-serve: streaming OpenAI chat completions and completions, timed from the SSE stream.
 
     locust -f loadtest/chat.py --host http://127.0.0.1:30000                       # web UI on :8089
     locust -f loadtest/chat.py --host http://127.0.0.1:30000 --headless -u 8 -r 8 -t 60s --csv out/run
 
-Each request streams (`stream_options.include_usage`) and reports, besides the request itself, custom
-"METRIC" entries in Locust's stats, CSV and web UI (response time column = the value):
+Each dataset line is one request: a chat line streams /v1/chat/completions, a {"prompt": ...} line streams
+/v1/completions (raw text, no chat template); a line's own "temperature" overrides --temperature (mixed traffic:
+loadtest/prompts/mixed.jsonl). Each request streams (`stream_options.include_usage`) and reports, besides the
+request itself, custom "METRIC" entries in Locust's stats, CSV and web UI (response time column = the value):
   ttft           ms to the first non-empty content delta
   itl            ms between consecutive content chunks (one entry per gap; a speculative step may emit
                  several tokens in one chunk, so this is per chunk -- see tpot for per token)
   tpot           ms per output token after the first: (e2e - ttft) / (output_tokens - 1)
   e2e            ms from sending the request to `data: [DONE]`
   output_tokens  completion tokens from the final usage chunk (the value is a count, not ms)
+  client_tokenize  with --client-tokenizer: ms the client spent re-tokenizing the answer so far, per chunk
 A request fails on a non-200 status, malformed SSE, a missing `[DONE]`, a missing usage chunk or empty output.
 The run exits non-zero when failures / requests exceeds --max-failure-ratio.
 
 Options (besides Locust's own -u, -r, -t, --headless, --csv, ...; `locust --help` cannot list them because it
 answers before loading this file -- the web UI shows them): --model (default: ask /v1/models), --max-tokens 128,
---temperature 0, --ignore-eos, --think-time 0 (closed loop), --dataset FILE.jsonl (default: the bundled
-loadtest/prompts/mix.jsonl), --max-failure-ratio 0.01, --api-key (or LOCUST_API_KEY), --requests N (stop
-after N requests), --summary-file FILE.json. See loadtest/README.md.
+--temperature 0 (a dataset line's "temperature" wins), --ignore-eos, --think-time 0 (closed loop), --dataset
+FILE.jsonl (default: the bundled loadtest/prompts/mix.jsonl), --prompt-order random, --client-tokenizer DIR
+(a CPU-heavy client: re-tokenize the answer on every chunk in this process), --max-failure-ratio 0.01,
+--api-key (or LOCUST_API_KEY), --requests N (stop after N requests), --summary-file FILE.json, --record-file
+FILE.jsonl (one line per completed request). See loadtest/README.md.
 
 Locust always runs in its own process: it monkey-patches everything with gevent, which breaks SGLang.
 """
@@ -39,8 +44,9 @@ import requests  # noqa: E402
 from locust import HttpUser, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
-from loadtest.dataset import BUNDLED, DatasetError, load_prompts  # noqa: E402
-from loadtest.sse import ChatStreamParser, StreamError  # noqa: E402
+from loadtest.client_work import ClientTokenizerError, Retokenizer, load_tokenizer  # noqa: E402
+from loadtest.dataset import BUNDLED, DatasetError, Request, load_requests  # noqa: E402
+from loadtest.sse import ChatStreamParser, StreamError, StreamTimings  # noqa: E402
 from loadtest.summary import RunRecorder  # noqa: E402
 
 METRIC = "METRIC"
@@ -49,10 +55,11 @@ METRIC = "METRIC"
 FAILURE_BACKOFF_S = 0.5
 
 log = logging.getLogger("loadtest.chat")
-PROMPTS: list[list[dict]] = []
+PROMPTS: list[Request] = []
 RECORDER = RunRecorder()
+CLIENT: dict[str, object] = {}    # "tokenizer": the --client-tokenizer's; "record": the --record-file, open
 _MODELS: dict[str, str] = {}      # host -> model listed by /v1/models
-_BUDGET = {"sent": 0, "done": 0}  # chat requests of this test, for --requests
+_BUDGET = {"sent": 0, "done": 0}  # requests of this test, for --requests
 
 
 @events.init_command_line_parser.add_listener
@@ -60,26 +67,37 @@ def _options(parser) -> None:
     # on the parser itself: Locust's web-UI extras (is_secret, include_in_web_ui) do not exist on groups
     parser.add_argument("--model", default="", help="model name to request (default: the first of /v1/models)")
     parser.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default 128)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of lines without their own 'temperature' (default 0: greedy)")
     parser.add_argument("--ignore-eos", action="store_true", default=False,
                         help="generate exactly --max-tokens tokens per request (SGLang's ignore_eos)")
     parser.add_argument("--think-time", type=float, default=0.0,
                         help="seconds a user waits between its requests (default 0: closed loop)")
     parser.add_argument("--dataset", default="",
-                        help=f"JSONL prompts, OpenAI {{'messages': ...}} or ShareGPT {{'conversations': ...}} "
-                             f"(default: {BUNDLED.relative_to(BUNDLED.parents[2])})")
+                        help=f"JSONL, one request a line: chat (OpenAI {{'messages': ...}} or ShareGPT "
+                             f"{{'conversations': ...}}, sent to /v1/chat/completions) or completion ({{'prompt': "
+                             f"'...'}}, sent to /v1/completions), each with an optional 'temperature' that overrides "
+                             f"--temperature (default: {BUNDLED.relative_to(BUNDLED.parents[2])})")
     parser.add_argument("--prompt-order", choices=("random", "sequence"), default="random",
                         help="random: each request draws a prompt; sequence: the k-th request sent takes the k-th "
                              "prompt of one fixed shuffle (seed 0), so runs against different servers send the same "
                              "prompts in the same order (default random)")
+    parser.add_argument("--client-tokenizer", default="", metavar="DIR",
+                        help="a CPU-heavy client: on every streamed chunk, re-tokenize the text received so far with "
+                             "this Hugging Face tokenizer (e.g. models/tiny-code/target) in the Locust process, as "
+                             "third-party benchmark clients do; its cost is the client_tokenize metric "
+                             "(default: off)")
     parser.add_argument("--max-failure-ratio", type=float, default=0.01,
                         help="exit non-zero when failed/all requests exceeds this (default 0.01)")
     parser.add_argument("--api-key", default="", is_secret=True, env_var="LOCUST_API_KEY",
                         help="bearer token (env LOCUST_API_KEY)")
     parser.add_argument("--requests", type=int, default=0,
-                        help="stop after this many chat requests, failed ones included (default 0: no limit)")
+                        help="stop after this many requests, failed ones included (default 0: no limit)")
     parser.add_argument("--summary-file", default="", include_in_web_ui=False,
                         help="write exact percentiles and steady-state throughput as JSON here on exit")
+    parser.add_argument("--record-file", default="", include_in_web_ui=False,
+                        help="append one JSON line per completed request here: its dataset line, endpoint, "
+                             "temperature, timings, output tokens and text (the file is emptied at start)")
 
 
 @events.init.add_listener
@@ -97,9 +115,18 @@ def _init(environment, **_kw) -> None:
     if problems:
         _usage_error("; ".join(problems))
     try:
-        PROMPTS[:] = load_prompts(opts.dataset or None)
+        PROMPTS[:] = load_requests(opts.dataset or None)
     except DatasetError as e:
         _usage_error(f"--dataset {e}")
+    CLIENT.clear()
+    if opts.client_tokenizer:
+        try:
+            CLIENT["tokenizer"] = load_tokenizer(opts.client_tokenizer)
+        except ClientTokenizerError as e:
+            _usage_error(f"--client-tokenizer {e}")
+    if opts.record_file:
+        Path(opts.record_file).parent.mkdir(parents=True, exist_ok=True)
+        CLIENT["record"] = open(opts.record_file, "w", encoding="utf-8")  # noqa: SIM115 -- open for the run
     if opts.prompt_order == "sequence":  # a fixed shuffle: the file's order may group its categories
         random.Random(0).shuffle(PROMPTS)
 
@@ -177,15 +204,16 @@ class ChatUser(HttpUser):
         model = self._model()
         if model is None:
             return False
-        messages = (PROMPTS[_BUDGET["sent"] % len(PROMPTS)] if opts.prompt_order == "sequence"
-                    else random.choice(PROMPTS))
-        body = {"model": model, "messages": messages, "max_tokens": opts.max_tokens,
-                "temperature": opts.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        req = (PROMPTS[_BUDGET["sent"] % len(PROMPTS)] if opts.prompt_order == "sequence"
+               else random.choice(PROMPTS))
+        temperature = opts.temperature if req.temperature is None else req.temperature
+        body = {"model": model, **req.payload(), "max_tokens": opts.max_tokens, "temperature": temperature,
+                "stream": True, "stream_options": {"include_usage": True}}
         if opts.ignore_eos:
             body["ignore_eos"] = True
         _BUDGET["sent"] += 1
         try:
-            return self._send(body)
+            return self._send(req, body)
         finally:
             _BUDGET["done"] += 1
             if _BUDGET["done"] == opts.requests:
@@ -193,14 +221,15 @@ class ChatUser(HttpUser):
                 runner = self.environment.runner
                 gevent.spawn(runner.quit if opts.headless else runner.stop)
 
-    def _send(self, body: dict) -> bool:
+    def _send(self, req: Request, body: dict) -> bool:
+        work = Retokenizer(CLIENT["tokenizer"]) if "tokenizer" in CLIENT else None
         start = time.perf_counter()
-        with self.client.post("/v1/chat/completions", json=body, headers=self.headers, stream=True,
+        with self.client.post(req.endpoint, json=body, headers=self.headers, stream=True,
                               catch_response=True) as r:
             if r.status_code != 200:
                 r.failure(_http_error(r))
                 return False
-            parser = ChatStreamParser(start)
+            parser = ChatStreamParser(start, on_text=work.on_text if work else None)
             try:
                 for line in r.iter_lines():
                     parser.feed(line, time.perf_counter())
@@ -215,7 +244,10 @@ class ChatUser(HttpUser):
             r.request_meta["response_time"] = timings.e2e * 1e3
             r.request_meta["response_length"] = len(timings.text)
             r.success()
-        RECORDER.record(id(self), time.perf_counter(), timings)
+        client_ms = work.costs_ms if work else []
+        RECORDER.record(id(self), time.perf_counter(), timings, client_ms)
+        if "record" in CLIENT:
+            _write_record(req, body, timings, start, work)
         report_metric("ttft", timings.ttft * 1e3)
         for gap in timings.itl:
             report_metric("itl", gap * 1e3)
@@ -223,7 +255,23 @@ class ChatUser(HttpUser):
             report_metric("tpot", timings.tpot * 1e3)
         report_metric("e2e", timings.e2e * 1e3)
         report_metric("output_tokens", timings.output_tokens)
+        for ms in client_ms:
+            report_metric("client_tokenize", ms)
         return True
+
+
+def _write_record(req: Request, body: dict, timings: StreamTimings, start: float, work: Retokenizer | None) -> None:
+    """One completed request as a JSON line: what a per-request comparison of servers joins on (the line)."""
+    f = CLIENT["record"]
+    started = RECORDER.started_at if RECORDER.started_at is not None else start
+    row = {"line": req.line, "endpoint": req.endpoint, "temperature": body["temperature"],
+           "sent_s": start - started, "ttft_ms": timings.ttft * 1e3, "e2e_ms": timings.e2e * 1e3,
+           "tpot_ms": None if timings.tpot is None else timings.tpot * 1e3, "chunks": len(timings.itl) + 1,
+           "output_tokens": timings.output_tokens, "text": timings.text}
+    if work is not None:
+        row |= {"client_tokenize_ms": sum(work.costs_ms), "client_tokens": work.tokens}
+    f.write(json.dumps(row) + "\n")
+    f.flush()
 
 
 def _http_error(r) -> str:
@@ -246,11 +294,14 @@ def _quitting(environment, **_kw) -> None:
     failed = sum(e.num_failures for e in entries)
     exceptions = len(environment.runner.exceptions) if environment.runner else 0
     end = RECORDER.stopped_at or time.perf_counter()
+    if "record" in CLIENT:
+        CLIENT.pop("record").close()
     if opts.summary_file:
         users = environment.runner.target_user_count if environment.runner else None
         summary = RECORDER.summary(end, n, failed, host=environment.host, model=opts.model or _MODELS.get(
             environment.host or ""), users=users, max_tokens=opts.max_tokens, temperature=opts.temperature,
-            ignore_eos=opts.ignore_eos, think_time_s=opts.think_time, dataset=opts.dataset or str(BUNDLED))
+            ignore_eos=opts.ignore_eos, think_time_s=opts.think_time, dataset=opts.dataset or str(BUNDLED),
+            client_tokenizer=opts.client_tokenizer or None)
         Path(opts.summary_file).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if n == 0:

@@ -10,7 +10,7 @@ RESULTS = "results.json"
 CSV_COLUMNS = ("config", "users", "ok", "requests", "failures", "failure_ratio", "completed", "output_tok_s",
                "speedup", "window", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
                "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "output_tokens_mean", "accept_length",
-               "block_size_shares", "server_ttft_mean_ms", "server_itl_mean_ms", "error")
+               "block_size_shares", "server_ttft_mean_ms", "server_itl_mean_ms", "client_tokenize_p50_ms", "error")
 
 
 def write_results(out: Path, meta: dict, points: list[dict]) -> Path:
@@ -56,7 +56,7 @@ def row(p: dict) -> dict:
         "output_tokens_mean": _get(p, "output_tokens", "mean"), "accept_length": server.get("accept_length"),
         "block_size_shares": json.dumps(server["block_size_shares"]) if server.get("block_size_shares") else "",
         "server_ttft_mean_ms": server.get("ttft_mean_ms"), "server_itl_mean_ms": server.get("itl_mean_ms"),
-        "error": p.get("error", ""),
+        "client_tokenize_p50_ms": _get(p, "client_tokenize", "p50"), "error": p.get("error", ""),
     }
 
 
@@ -78,6 +78,44 @@ def _shares(shares: dict | None) -> str:
     return " ".join(f"{b}:{s:.0%}" for b, s in shares.items()) if shares else ""
 
 
+def _endpoints(meta: dict) -> str:
+    """Which OpenAI endpoints the workload's lines stream (results written before they were recorded: chat)."""
+    names = {"/v1/chat/completions": "chat completions", "/v1/completions": "completions (raw prompts, no chat "
+             "template)"}
+    return " and ".join(names.get(e, e) for e in meta.get("endpoints") or ["/v1/chat/completions"])
+
+
+def _temperature(meta: dict) -> str:
+    per_line = meta.get("line_temperatures")
+    return (f"{meta.get('temperature')} where a prompt carries none (the prompts' own: "
+            f"{', '.join(format(t, 'g') for t in per_line)})" if per_line else f"{meta.get('temperature')}")
+
+
+def _client(meta: dict) -> str:
+    if not meta.get("client_tokenizer"):
+        return ""
+    return (f" CPU-heavy client: every user re-tokenizes the text received so far on every streamed chunk with "
+            f"the tokenizer in {meta['client_tokenizer']}, in the Locust process on the server's machine (cost: "
+            f"\"Client work\" below).")
+
+
+def _client_table(ok: list[dict]) -> list[str]:
+    """The client's own CPU per streamed chunk, where the client did work (chat.py --client-tokenizer)."""
+    rows = [p for p in ok if (p.get("client_tokenize") or {}).get("count")]
+    if not rows:
+        return []
+    out = ["", "## Client work (re-tokenizing per streamed chunk)", "",
+           "ms per chunk, and the client's tokenizing time over the point's duration (1.00 = one core busy).", "",
+           "| config | users | chunks | ms p50 | ms p99 | ms mean | client cores |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for p in rows:
+        c = p["client_tokenize"]
+        cores = c["mean"] * c["count"] / 1e3 / p["duration_s"] if p.get("duration_s") else None
+        out.append(f"| {p['config']} | {p['users']} | {c['count']} | {_num(c.get('p50'), '.2f')} | "
+                   f"{_num(c.get('p99'), '.2f')} | {_num(c.get('mean'), '.2f')} | {_num(cores, '.2f')} |")
+    return out
+
+
 def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
     baseline = meta.get("baseline")
     ok = measured(points)
@@ -87,9 +125,10 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
         f"# DFlash serving sweep{': ' + meta['workload'] if meta.get('workload') else ''}",
         "",
         f"{meta.get('started', '?')} → {meta.get('finished', 'unfinished')}, {meta.get('cpu_count')} CPUs. "
-        f"Locust closed loop (`loadtest/chat.py`, streaming chat completions), {load} after "
+        f"Locust closed loop (`loadtest/chat.py`, streaming {_endpoints(meta)}), {load} after "
         f"{meta.get('warmup')} warm-up requests; max_tokens {meta.get('max_tokens')}, temperature "
-        f"{meta.get('temperature')}{', ignore_eos' if meta.get('ignore_eos') else ''}, prompts: {meta.get('dataset')}."
+        f"{_temperature(meta)}{', ignore_eos' if meta.get('ignore_eos') else ''}, prompts: {meta.get('dataset')}."
+        + _client(meta)
         + (" Interleaved: every configuration's server up at once, each point measured for all of them in turn."
            if meta.get("interleave") else " One configuration's points after another's."),
         "",
@@ -120,6 +159,7 @@ def markdown(meta: dict, points: list[dict], plots: list[Path]) -> str:
             f"{_num(_get(p, 'ttft', 'p50'), '.0f')} | {_num(_get(p, 'ttft', 'p99'), '.0f')} | "
             f"{_num(_get(p, 'itl', 'p50'))} | {_num(_get(p, 'itl', 'p99'))} | {_num(_get(p, 'tpot', 'p50'))} | "
             f"{_num(s.get('accept_length'), '.2f')} | {p.get('completed')} | {p.get('failures')} |")
+    lines += _client_table(ok)
     if any((p.get("server") or {}).get("block_size_shares") for p in ok):
         lines += ["", "## Block sizes (share of verify steps)", "", "| config | users | shares |", "|---|---:|---|"]
         lines += [f"| {p['config']} | {p['users']} | {_shares(p['server']['block_size_shares'])} |"

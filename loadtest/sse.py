@@ -1,12 +1,13 @@
-"""Parse an OpenAI chat-completions SSE stream and time it (no Locust, no HTTP: fed line by line)."""
+"""Parse an OpenAI chat-completions or completions SSE stream and time it (no Locust, no HTTP: fed line by line)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 class StreamError(Exception):
-    """The stream is not a complete, well-formed chat-completions stream; the message says what was wrong."""
+    """The stream is not a complete, well-formed (chat) completions stream; the message says what was wrong."""
 
 
 @dataclass
@@ -33,13 +34,16 @@ _IGNORED_FIELDS = ("event", "id", "retry")
 class ChatStreamParser:
     """Feed raw SSE lines (without their line terminator) with their arrival time, then call `finish()`.
 
-    Strict on purpose: a load test that silently accepts a truncated or garbled stream reports latencies for
-    answers nobody received. A chunk may carry several tokens (a speculative step emits all tokens it accepted
-    at once), so ITL is per chunk and TPOT is per token.
+    Reads both OpenAI streams: chat (`choices[].delta.content`, and `reasoning_content`) and completions
+    (`choices[].text`). Strict on purpose: a load test that silently accepts a truncated or garbled stream reports
+    latencies for answers nobody received. A chunk may carry several tokens (a speculative step emits all tokens
+    it accepted at once), so ITL is per chunk and TPOT is per token. `on_text`, if given, is called with the whole
+    text received so far after every chunk that carried some (what a client that re-reads its output does).
     """
 
-    def __init__(self, start: float):
+    def __init__(self, start: float, on_text: Callable[[str], None] | None = None):
         self.start = start
+        self._on_text = on_text
         self._data: list[str] = []       # data lines of the event being assembled
         self._done_at: float | None = None
         self._content_times: list[float] = []
@@ -113,11 +117,23 @@ class ChatStreamParser:
             raise StreamError(f"malformed chunk: no 'choices': {data[:120]!r}")
         if chunk.get("usage"):
             self._usage = chunk["usage"]
-        # reasoning models stream their thinking first: it is output the user waits for, so it counts
-        piece = "".join((c.get("delta") or {}).get(k) or "" for c in chunk["choices"] or []
-                        for k in ("reasoning_content", "content"))
+        piece = "".join(_choice_text(c) for c in chunk["choices"] or [])
         if piece:
             self._content_times.append(now)
             self._text.append(piece)
+            if self._on_text is not None:
+                self._on_text("".join(self._text))
         if self._stopped_at is None and any(c.get("finish_reason") == "stop" for c in chunk["choices"] or []):
             self._stopped_at = now
+
+
+def _choice_text(choice) -> str:
+    """The text one streamed choice carries: a chat delta's, or a completion's `text`."""
+    if not isinstance(choice, dict):
+        raise StreamError(f"malformed chunk: a choice is not a JSON object: {json.dumps(choice)[:120]}")
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        # reasoning models stream their thinking first: it is output the user waits for, so it counts
+        return "".join(delta.get(k) or "" for k in ("reasoning_content", "content"))
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""

@@ -13,8 +13,8 @@ import numpy as np
 
 from loadtest.sse import StreamTimings
 
-METRICS = ("ttft", "itl", "tpot", "e2e", "output_tokens")
-UNITS = {"ttft": "ms", "itl": "ms", "tpot": "ms", "e2e": "ms", "output_tokens": "tokens"}
+METRICS = ("ttft", "itl", "tpot", "e2e", "output_tokens", "client_tokenize")
+UNITS = {"ttft": "ms", "itl": "ms", "tpot": "ms", "e2e": "ms", "output_tokens": "tokens", "client_tokenize": "ms"}
 QUANTILES = (50, 90, 99)
 
 
@@ -52,7 +52,10 @@ class RunRecorder:
         """Forget everything (Locust's "reset stats"): the run restarts now."""
         self.__init__(started_at=now)
 
-    def record(self, user: object, done_at: float, t: StreamTimings) -> None:
+    def record(self, user: object, done_at: float, t: StreamTimings, client_ms: list[float] = ()) -> None:
+        """One completed request; `client_ms`: the client's own work on each of its chunks (chat.py
+        --client-tokenizer), if any."""
+        self.samples["client_tokenize"].extend(client_ms)
         self.samples["ttft"].append(t.ttft * 1e3)
         self.samples["itl"].extend(x * 1e3 for x in t.itl)
         if t.tpot is not None:

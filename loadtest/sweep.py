@@ -33,7 +33,7 @@ from typing import NamedTuple
 import yaml
 
 from loadtest import report, server_metrics
-from loadtest.dataset import DatasetError, load_prompts
+from loadtest.dataset import DatasetError, Request, load_requests
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = Path(__file__).resolve().parent / "chat.py"
@@ -66,10 +66,15 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 class Workload(NamedTuple):
-    """What the users send: prompts and a sampling temperature."""
+    """What the users send and how they read it: prompts, a sampling temperature, and the client's own work."""
 
-    dataset: Path | None          # JSONL prompts; None = the bundled code mix
-    temperature: float
+    dataset: Path | None          # JSONL requests (chat or completion lines); None = the bundled code mix
+    temperature: float            # for the lines without their own `temperature`
+    client_tokenizer: Path | None = None  # chat.py --client-tokenizer: re-tokenize every chunk in the client
+
+
+WORKLOAD_FIELDS = {"dataset": "FILE (relative to the configurations file)", "temperature": "T >= 0 (default 0)",
+                   "client_tokenizer": "DIR of a Hugging Face tokenizer (default: none)"}
 
 
 CUSTOM = "custom"  # the workload --dataset / --temperature describe
@@ -87,23 +92,47 @@ def load_workloads(path: Path, doc: dict) -> dict[str, Workload]:
     raw = doc.get("workloads")
     if raw is None:
         return {"code": Workload(None, 0.0)}
+    fields = ", ".join(f"{k}: {v}" for k, v in WORKLOAD_FIELDS.items())
     if not isinstance(raw, dict) or not raw:
-        raise SweepError(f"{path}: `workloads:` must map names to {{dataset: FILE, temperature: T}}")
+        raise SweepError(f"{path}: `workloads:` must map names to {{{fields}}}")
     out = {}
     for name, w in raw.items():
-        if not isinstance(w, dict) or set(w) - {"dataset", "temperature"}:
-            raise SweepError(f"{path}: workloads.{name}: expected {{dataset: FILE, temperature: T}}, got {w!r}")
+        if not isinstance(w, dict):
+            raise SweepError(f"{path}: workloads.{name}: expected a mapping {{{fields}}}, got {w!r}")
+        unknown = sorted(set(w) - set(WORKLOAD_FIELDS))
+        if unknown:
+            raise SweepError(f"{path}: workloads.{name}.{unknown[0]}: unknown field; a workload has "
+                             f"{{{fields}}}")
         t = w.get("temperature", 0.0)
         if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
             raise SweepError(f"{path}: workloads.{name}.temperature: expected a number >= 0, got {t!r}")
         dataset = (path.parent / w["dataset"]).resolve() if w.get("dataset") else None
         if dataset is not None:
             try:
-                load_prompts(dataset)
+                load_requests(dataset)
             except DatasetError as e:
                 raise SweepError(f"{path}: workloads.{name}.dataset: {e}") from None
-        out[name] = Workload(dataset, float(t))
+        tokenizer = w.get("client_tokenizer")
+        if tokenizer is not None:
+            if not isinstance(tokenizer, str) or not tokenizer:
+                raise SweepError(f"{path}: workloads.{name}.client_tokenizer: expected a directory path, "
+                                 f"got {tokenizer!r}")
+            tokenizer = (path.parent / tokenizer).resolve()
+            if not any((tokenizer / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+                raise SweepError(f"{path}: workloads.{name}.client_tokenizer: {tokenizer} holds no Hugging Face "
+                                 f"tokenizer (tokenizer.json or tokenizer_config.json); e.g. "
+                                 f"../models/tiny-code/target")
+        out[name] = Workload(dataset, float(t), tokenizer)
     return out
+
+
+def describe_workload(w: Workload) -> dict:
+    """What the report says a workload sends: endpoints, the temperatures lines carry, the client's work."""
+    reqs = load_requests(w.dataset)
+    return {"temperature": w.temperature, "dataset": str(w.dataset or "bundled mix"),
+            "endpoints": sorted({r.endpoint for r in reqs}),
+            "line_temperatures": sorted({r.temperature for r in reqs if r.temperature is not None}),
+            "client_tokenizer": str(w.client_tokenizer) if w.client_tokenizer else None}
 
 
 def load_configs(path: Path, base_override: Path | None = None) -> Configs:
@@ -172,13 +201,13 @@ def model_name(url: str) -> str:
         raise SweepError(f"{url}/v1/models: no model listed ({e}); is this an OpenAI-compatible server?") from None
 
 
-def warm_up(url: str, n: int, messages: list[dict], timeout: float = 600) -> None:
+def warm_up(url: str, n: int, request: Request, timeout: float = 600) -> None:
     """`n` short requests: first-request costs (allocations, caches) stay out of the measurement."""
     model = model_name(url) if n else ""
     for _ in range(n):
         try:
-            r = _post(f"{url}/v1/chat/completions",
-                      {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0}, timeout)
+            r = _post(f"{url}{request.endpoint}",
+                      {"model": model, **request.payload(), "max_tokens": 16, "temperature": 0}, timeout)
         except OSError as e:
             raise SweepError(f"warm-up request to {url} failed: {e}; is the server up?") from None
         if not r.get("choices"):
@@ -205,7 +234,7 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
     stem = raw_dir / f"u{users}"
     summary_path = Path(f"{stem}_summary.json")
     summary_path.unlink(missing_ok=True)
-    warm_up(url, args.warmup, load_prompts(workload.dataset)[0])
+    warm_up(url, args.warmup, load_requests(workload.dataset)[0])
     before = server_metrics.scrape_all(metrics_urls, _headers())
     cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
            "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
@@ -215,6 +244,8 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
     cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
     if workload.dataset:
         cmd += ["--dataset", str(workload.dataset)]
+    if workload.client_tokenizer:
+        cmd += ["--client-tokenizer", str(workload.client_tokenizer)]
     if args.ignore_eos:
         cmd += ["--ignore-eos"]
     cmd += args.locust_arg
@@ -321,9 +352,9 @@ def sweep(args: argparse.Namespace) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     metas = {wl: {"started": started, "workload": wl, "users": args.users,
                   "duration_s": args.duration if args.requests is None else None,
-                  "requests": args.requests, "max_tokens": args.max_tokens, "temperature": w.temperature,
+                  "requests": args.requests, "max_tokens": args.max_tokens, **describe_workload(w),
                   "ignore_eos": args.ignore_eos, "warmup": args.warmup, "interleave": args.interleave,
-                  "dataset": str(w.dataset or "bundled mix"), "baseline": args.baseline or baseline,
+                  "baseline": args.baseline or baseline,
                   "cpu_count": os.cpu_count(), "base_config": str(base),
                   "configs": {n: ({"url": urls[n]} if n in urls else {"override": overrides[n], "config": configs[n]})
                               for n in names}}
@@ -448,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError("--temperature must be >= 0")
         if args.dataset is not None:
             try:
-                load_prompts(args.dataset)
+                load_requests(args.dataset)
             except DatasetError as e:
                 raise SweepError(f"--dataset {e}") from None
         return sweep(args)

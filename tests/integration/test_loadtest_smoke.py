@@ -106,12 +106,103 @@ def test_prompt_order_sequence_sends_every_prompt_in_turn(dflash_server, tmp_pat
     assert _prompt_tokens(dflash_server) - before == 2 * once
 
 
-def test_bad_dataset_line_is_a_clear_startup_error(tmp_path):
+@pytest.mark.parametrize("bad, why", [
+    ('{"conversation": []}', "none of 'messages', 'conversations' or 'prompt'"),
+    ('{"prompt": "def f():", "temperature": -1}', "'temperature' must be a number >= 0"),
+])
+def test_bad_dataset_line_is_a_clear_startup_error(tmp_path, bad, why):
     data = tmp_path / "d.jsonl"
-    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"conversation": []}\n')
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n' + bad + "\n")
     r = locust("-u", "1", "-t", "2s", "--host", "http://127.0.0.1:9", "--dataset", str(data))
     assert r.returncode == 2
-    assert f"--dataset {data}:2: neither 'messages' nor 'conversations'" in r.stderr
+    assert f"--dataset {data}:2: {why}" in r.stderr
+
+
+def test_client_tokenizer_that_is_not_one_is_a_clear_startup_error(tmp_path):
+    # a missing directory: refused before transformers is imported (tests/unit/test_loadtest_client_work.py has
+    # the directory without a tokenizer)
+    r = locust("-u", "1", "-t", "2s", "--host", "http://127.0.0.1:9", "--client-tokenizer", str(tmp_path / "nope"))
+    assert r.returncode == 2
+    assert f"--client-tokenizer {tmp_path / 'nope'}: not a directory" in r.stderr
+
+
+REALCODE = REPO / "loadtest" / "prompts" / "realcode.jsonl"
+COMPLETION_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def completions_run(dflash_server, tmp_path_factory):
+    """One Locust run of raw-code completion prompts with the CPU-heavy client: 2 users, 4 requests of exactly
+    16 tokens (each of the 2 prompts twice), every request recorded; and the server's generated-token count over
+    the run."""
+    tmp = tmp_path_factory.mktemp("completions")
+    data = tmp / "realcode2.jsonl"
+    data.write_text("".join(REALCODE.read_text().splitlines(keepends=True)[:2]))
+    before = _generated_tokens(dflash_server)
+    # --model: no /v1/models lookup, so the summary's request count is the completions alone (Locust's own CSV
+    # is rewritten every second, not at exit: a run this short may end before it holds every request)
+    r = locust("-u", "2", "-r", "2", "--requests", "4", "--host", dflash_server.url, "--model", "tiny",
+               "--dataset", str(data), "--prompt-order", "sequence", "--max-tokens", str(COMPLETION_TOKENS),
+               "--ignore-eos",
+               "--summary-file", str(tmp / "summary.json"), "--record-file", str(tmp / "records.jsonl"),
+               "--client-tokenizer", "models/tiny-code/target", timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {"stderr": r.stderr, "summary": json.loads((tmp / "summary.json").read_text()),
+            "records": [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()],
+            "generated": _generated_tokens(dflash_server) - before}
+
+
+def _generated_tokens(server) -> float:
+    return sum(float(line.rpartition(" ")[2]) for line in server.metrics().splitlines()
+               if line.startswith("sglang:generation_tokens_total"))
+
+
+@pytest.mark.server
+def test_completion_prompts_stream_from_v1_completions_timed_and_counted(completions_run):
+    summary, records = completions_run["summary"], completions_run["records"]
+    assert (summary["requests"], summary["failures"]) == (4, 0)
+    # Locust's console table: the requests went to /v1/completions, none to the chat endpoint
+    table = completions_run["stderr"]
+    assert "POST     /v1/completions" in table and "chat/completions" not in table
+    for name in CUSTOM_METRICS:
+        assert summary["metrics"][name]["count"] > 0, name
+    # counted from the stream's usage chunk, and the server generated exactly those tokens
+    assert summary["output_tokens_total"] == 4 * COMPLETION_TOKENS == completions_run["generated"]
+    assert summary["metrics"]["ttft"]["count"] == 4 and summary["output_tok_s"] > 0
+    assert sorted(r["line"] for r in records) == [1, 1, 2, 2]
+    assert all(r["endpoint"] == "/v1/completions" and r["text"] and r["ttft_ms"] < r["e2e_ms"] for r in records)
+
+
+@pytest.mark.server
+def test_cpu_heavy_client_retokenizes_the_whole_text_on_every_chunk(completions_run, tokenizer):
+    summary, records = completions_run["summary"], completions_run["records"]
+    chunks = sum(r["chunks"] for r in records)
+    assert summary["metrics"]["client_tokenize"]["count"] == chunks       # once per streamed chunk
+    assert "METRIC   client_tokenize" in completions_run["stderr"]           # a row of Locust's own table too
+    for r in records:   # the last pass read the whole answer, not the last chunk
+        assert r["client_tokens"] == len(tokenizer.encode(r["text"], add_special_tokens=False)) > 0
+        assert r["client_tokenize_ms"] > 0
+
+
+@pytest.mark.server
+def test_a_line_temperature_reaches_the_server(dflash_server, tmp_path):
+    """--temperature 1, one line overriding it with 0: that line's answers are the same every time (greedy), the
+    other line's differ (sampled), read from the answers the server streamed."""
+    prompt = "Write a short story about a lighthouse keeper."
+    data = tmp_path / "two.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": prompt}], "temperature": 0}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": prompt}]}) + "\n")
+    r = locust("-u", "1", "-r", "1", "--requests", "6", "--host", dflash_server.url, "--dataset", str(data),
+               "--temperature", "1", "--max-tokens", "16", "--ignore-eos", "--prompt-order", "sequence",
+               "--record-file", str(tmp_path / "records.jsonl"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    texts = {line: [x["text"] for x in records if x["line"] == line] for line in (1, 2)}
+    assert [len(texts[1]), len(texts[2])] == [3, 3]
+    assert {x["temperature"] for x in records if x["line"] == 1} == {0.0}
+    assert {x["temperature"] for x in records if x["line"] == 2} == {1.0}
+    assert len(set(texts[1])) == 1, texts[1]          # greedy: the line's own temperature 0 won
+    assert len(set(texts[2])) > 1, texts[2]           # sampled at --temperature 1
 
 
 @pytest.mark.server
@@ -119,6 +210,7 @@ def test_small_sweep_against_a_running_server(dflash_server, tmp_path):
     """Both shipped workloads (code mix greedy, prose at temperature 1), each into its own directory."""
     top = tmp_path / "sweep"
     r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
+                        "--workloads", "code", "prose",
                         "--users", "1", "2", "--duration", "5", "--max-tokens", "32", "--warmup", "1",
                         "--out", str(top)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -152,3 +244,24 @@ def test_interleaved_sweep_measures_each_point_for_every_configuration_in_turn(d
         ("a", 1, True), ("b", 1, True), ("b", 2, True), ("a", 2, True)]
     md = (tmp_path / "code" / "report.md").read_text()
     assert "| a | 2 |" in md and "Interleaved: every configuration's server up at once" in md
+
+
+@pytest.mark.server
+def test_sweep_runs_the_workloads_that_look_like_users(dflash_server, tmp_path):
+    """realcode (completions), mixed (per-line temperatures) and code-heavy-client, one short point each: each
+    measured, and each report says what its users sent and did."""
+    r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
+                        "--workloads", "realcode", "mixed", "code-heavy-client", "--users", "2", "--duration", "4",
+                        "--max-tokens", "16", "--warmup", "1", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for wl in ("realcode", "mixed", "code-heavy-client"):
+        points = json.loads((tmp_path / wl / "results.json").read_text())["points"]
+        assert [(p["users"], p["ok"], p["failures"]) for p in points] == [(2, True, 0)], wl
+    md = {wl: (tmp_path / wl / "report.md").read_text() for wl in ("realcode", "mixed", "code-heavy-client")}
+    assert "streaming completions (raw prompts, no chat template)" in md["realcode"]
+    assert "(the prompts' own: 0, 1)" in md["mixed"]
+    heavy = json.loads((tmp_path / "code-heavy-client" / "results.json").read_text())["points"][0]
+    assert heavy["client_tokenize"]["count"] > 0 and "## Client work" in md["code-heavy-client"]
+    mixed = json.loads((tmp_path / "mixed" / "results.json").read_text())["points"][0]
+    assert mixed["client_tokenize"]["count"] == 0 and "## Client work" not in md["mixed"]   # no client work asked

@@ -1,4 +1,5 @@
-"""Prompt sets for the load test: the bundled mix, OpenAI and ShareGPT JSONL, and errors that name the line."""
+"""Prompt sets for the load test: the bundled sets, OpenAI chat, ShareGPT and completion JSONL, per-line
+temperatures, and errors that name the line and the field."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,10 @@ from collections import Counter
 
 import pytest
 
-from loadtest.dataset import BUNDLED, DatasetError, load_prompts
+from loadtest import make_mixed
+from loadtest.dataset import BUNDLED, DatasetError, Request, load_prompts, load_requests
+
+PROMPTS = BUNDLED.parent
 
 
 def write(tmp_path, *lines: object):
@@ -46,7 +50,13 @@ def test_formats_mix_and_blank_lines_are_skipped(tmp_path):
 @pytest.mark.parametrize("bad, why", [
     ("{not json", "not JSON"),
     ('["a list"]', "not an object"),
-    ({"prompt": "hi"}, "neither 'messages' nor 'conversations'"),
+    ({"promt": "hi"}, "none of 'messages', 'conversations' or 'prompt'"),
+    ({"prompt": ""}, "'prompt' must be a non-empty string"),
+    ({"prompt": ["a", "b"]}, "'prompt' must be a non-empty string"),
+    ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "both 'messages' and 'prompt'"),
+    ({"prompt": "x", "temperature": -1}, "'temperature' must be a number >= 0"),
+    ({"messages": [{"role": "user", "content": "y"}], "temperature": "hot"}, "'temperature' must be a number >= 0"),
+    ({"prompt": "x", "temperature": True}, "'temperature' must be a number >= 0"),
     ({"messages": []}, "non-empty list"),
     ({"messages": [{"role": "robot", "content": "x"}]}, r"messages\[0\]"),
     ({"messages": [{"role": "user", "content": 5}]}, r"messages\[0\]"),
@@ -57,7 +67,7 @@ def test_formats_mix_and_blank_lines_are_skipped(tmp_path):
 def test_a_bad_line_names_the_file_and_line(tmp_path, bad, why):
     path = write(tmp_path, {"messages": [{"role": "user", "content": "fine"}]}, bad)
     with pytest.raises(DatasetError, match=why) as e:
-        load_prompts(path)
+        load_requests(path)
     assert str(e.value).startswith(f"{path}:2: ")
 
 
@@ -65,5 +75,47 @@ def test_missing_or_empty_dataset_says_so(tmp_path):
     with pytest.raises(DatasetError, match="cannot read"):
         load_prompts(tmp_path / "nope.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    with pytest.raises(DatasetError, match="no conversations"):
+    with pytest.raises(DatasetError, match="no requests"):
         load_prompts(tmp_path / "empty.jsonl")
+
+
+def test_completion_lines_go_to_the_completions_endpoint_and_a_line_temperature_is_kept(tmp_path):
+    path = write(tmp_path, {"prompt": "def f(x):\n", "source": "a.py:3"},
+                 {"messages": [{"role": "user", "content": "hi"}], "temperature": 1},
+                 {"conversations": [{"from": "human", "value": "yo"}], "temperature": 0.5})
+    reqs = load_requests(path)
+    assert reqs == [Request(1, prompt="def f(x):\n"),
+                    Request(2, messages=[{"role": "user", "content": "hi"}], temperature=1.0),
+                    Request(3, messages=[{"role": "user", "content": "yo"}], temperature=0.5)]
+    assert [(r.endpoint, r.payload()) for r in reqs[:2]] == [
+        ("/v1/completions", {"prompt": "def f(x):\n"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})]
+
+
+@pytest.mark.parametrize("line, why", [({"prompt": "def f():"}, "'prompt' is a completion prompt"),
+                                       ({"messages": [{"role": "user", "content": "x"}], "temperature": 1},
+                                        "'temperature' of its own")])
+def test_chat_only_callers_refuse_what_they_would_send_wrong(tmp_path, line, why):
+    """load_prompts' callers (benchmarks, the soak) send every prompt as a chat at one temperature: a completion
+    line or a line's own temperature would be sent wrong, so it is refused with the line named."""
+    path = write(tmp_path, {"messages": [{"role": "user", "content": "fine"}]}, line)
+    with pytest.raises(DatasetError, match=why) as e:
+        load_prompts(path)
+    assert str(e.value).startswith(f"{path}:2: ")
+
+
+def test_realcode_is_completion_prompts_the_chat_callers_refuse():
+    reqs = load_requests(PROMPTS / "realcode.jsonl")
+    assert len(reqs) >= 50 and all(r.prompt and r.endpoint == "/v1/completions" and r.temperature is None
+                                   for r in reqs)
+
+
+def test_mixed_alternates_greedy_code_and_prose_at_temperature_1_as_make_mixed_writes_it():
+    path = PROMPTS / "mixed.jsonl"
+    assert path.read_text() == make_mixed.render(make_mixed.build()), \
+        "mixed.jsonl is stale: python -m loadtest.make_mixed rewrites it from mix.jsonl and prose.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["category"], r["temperature"]) for r in rows[:4]] == [("code", 0), ("prose", 1), ("code", 0),
+                                                                       ("prose", 1)]
+    assert Counter(r["category"] for r in rows) == {"code": 32, "prose": 32}
+    assert {r.temperature for r in load_requests(path)} == {0.0, 1.0}

@@ -115,3 +115,28 @@ def test_non_utf8_line_is_malformed():
     p = ChatStreamParser(0.0)
     with pytest.raises(StreamError, match="not UTF-8"):
         p.feed(b"data: \xff\xfe", 0.1)
+
+
+def completion_chunk(text=None, usage=None, finish=None) -> str:
+    """A /v1/completions stream chunk, as SGLang sends it (`choices[].text`; the usage chunk has no choices)."""
+    choices = [] if usage is not None else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+    return "data: " + json.dumps({"object": "text_completion", "choices": choices, "usage": usage})
+
+
+def test_a_completions_stream_is_timed_like_a_chat_stream():
+    seen = []
+    p = ChatStreamParser(0.0, on_text=seen.append)
+    for t, line in [(0.1, completion_chunk("\n")), (0.2, completion_chunk("def f")), (0.25, completion_chunk("")),
+                    (0.3, completion_chunk("(x):", finish="length")), (0.31, completion_chunk(usage=USAGE)),
+                    (0.32, "data: [DONE]")]:
+        p.feed(line, t)
+        p.feed("", t)
+    t = p.finish(0.32)
+    assert (t.ttft, t.e2e, t.output_tokens, t.text) == (pytest.approx(0.1), pytest.approx(0.32), 4, "\ndef f(x):")
+    assert t.itl == pytest.approx([0.1, 0.1])            # the empty chunk is no output
+    assert seen == ["\n", "\ndef f", "\ndef f(x):"]        # the client hook: the whole text so far, per chunk
+
+
+def test_a_truncated_completions_stream_fails():
+    with pytest.raises(StreamError, match="without 'data: \\[DONE\\]'"):
+        feed([(0.1, completion_chunk("def")), (0.2, completion_chunk(usage=USAGE))])

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from loadtest import report, server_metrics
-from loadtest.sweep import (DEFAULT_CONFIGS, SweepError, Workload, chosen_workloads, deep_merge, load_configs, main,
-                            parse_urls)
+from loadtest.sweep import (DEFAULT_CONFIGS, SweepError, Workload, chosen_workloads, deep_merge, describe_workload,
+                            load_configs, main, parse_urls)
 
 
 def test_shipped_configurations_validate_with_absolute_paths():
@@ -34,10 +34,18 @@ def test_shipped_configurations_validate_with_absolute_paths():
         assert Path(cfg["model"]["path"]).is_absolute() and Path(cfg["model"]["path"]).is_dir()
 
 
-def test_shipped_workloads_are_the_code_mix_greedy_and_prose_at_temperature_1():
+def test_shipped_workloads_are_the_two_ends_and_traffic_the_pair_was_not_tuned_on():
     workloads = load_configs(DEFAULT_CONFIGS).workloads
-    assert workloads == {"code": Workload(DEFAULT_CONFIGS.parent / "prompts/mix.jsonl", 0.0),
-                         "prose": Workload(DEFAULT_CONFIGS.parent / "prompts/prose.jsonl", 1.0)}
+    prompts = DEFAULT_CONFIGS.parent / "prompts"
+    assert workloads == {"code": Workload(prompts / "mix.jsonl", 0.0),
+                         "prose": Workload(prompts / "prose.jsonl", 1.0),
+                         "realcode": Workload(prompts / "realcode.jsonl", 0.0),
+                         "mixed": Workload(prompts / "mixed.jsonl", 0.0),
+                         "code-heavy-client": Workload(prompts / "mix.jsonl", 0.0,
+                                                       (DEFAULT_CONFIGS.parent.parent / "models/tiny-code/target"
+                                                        ).resolve())}
+    assert describe_workload(workloads["realcode"])["endpoints"] == ["/v1/completions"]
+    assert describe_workload(workloads["mixed"])["line_temperatures"] == [0.0, 1.0]
     prose = [json.loads(line) for line in workloads["prose"].dataset.read_text().splitlines()]
     assert len(prose) >= 30 and {p["category"] for p in prose} == {"prose"}
     assert not any("def " in m["content"] or "import " in m["content"] for p in prose for m in p["messages"])
@@ -52,7 +60,7 @@ def _args(**kw):
 
 def test_workload_choice_ad_hoc_or_named():
     shipped = load_configs(DEFAULT_CONFIGS).workloads
-    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose"]
+    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose", "realcode", "mixed", "code-heavy-client"]
     assert list(chosen_workloads(_args(workloads=["prose"]), shipped)) == ["prose"]
     assert chosen_workloads(_args(temperature=0.7), shipped) == {"custom": Workload(None, 0.7)}
     with pytest.raises(SweepError, match=r"unknown workload\(s\) \['nope'\]"):
@@ -70,6 +78,20 @@ def test_a_bad_workload_is_named(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": base, "configs": {"a": {}},
                                                      "workloads": {"w": {"dataset": "missing.jsonl"}}}))
     with pytest.raises(SweepError, match=r"workloads\.w\.dataset: .*missing\.jsonl: cannot read"):
+        load_configs(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("workload, why", [
+    ({"client_tokenizer": "."}, r"workloads\.w\.client_tokenizer: .* holds no Hugging Face tokenizer"),
+    ({"client_tokenizer": 3}, r"workloads\.w\.client_tokenizer: expected a directory path"),
+    ({"tokenizer": "x"}, r"workloads\.w\.tokenizer: unknown field; a workload has \{dataset: .*client_tokenizer"),
+    ({"dataset": "d.jsonl"}, r"workloads\.w\.dataset: .*d\.jsonl:2: 'temperature' must be a number >= 0"),
+])
+def test_a_bad_workload_field_is_named(tmp_path, workload, why):
+    (tmp_path / "d.jsonl").write_text('{"prompt": "def f():"}\n{"prompt": "x", "temperature": -2}\n')
+    base = str(DEFAULT_CONFIGS.parent.parent / "deploy/configs/cpu.yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": base, "configs": {"a": {}}, "workloads": {"w": workload}}))
+    with pytest.raises(SweepError, match=why):
         load_configs(tmp_path / "c.yaml")
 
 
@@ -181,6 +203,24 @@ def test_report_table_speedup_csv_and_plots(tmp_path):
     assert len(rows) == 5 and float(rows[2]["speedup"]) == pytest.approx(3.0)
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["baseline"] == "no-spec"
     assert main(["--report-only", "--out", str(tmp_path)]) == 0          # regenerate from results.json
+
+
+def test_report_names_the_workloads_endpoints_temperatures_and_client_work(tmp_path):
+    heavy = _point("dflash-b16", 2, 80) | {"duration_s": 20.0,
+                                           "client_tokenize": {"count": 400, "mean": 2.5, "p50": 2.0, "p99": 6.0}}
+    meta = {"started": "t0", "baseline": "no-spec", "duration_s": 20, "warmup": 2, "max_tokens": 128,
+            "temperature": 0.0, "dataset": "mixed.jsonl", "cpu_count": 2, "configs": {},
+            "endpoints": ["/v1/chat/completions", "/v1/completions"], "line_temperatures": [0.0, 1.0],
+            "client_tokenizer": "models/tiny-code/target"}
+    md = report.markdown(meta, [heavy], [])
+    assert "streaming chat completions and completions (raw prompts, no chat template)" in md
+    assert "temperature 0.0 where a prompt carries none (the prompts' own: 0, 1)" in md
+    assert "re-tokenizes the text received so far on every streamed chunk with the tokenizer in " \
+           "models/tiny-code/target" in md
+    assert "| dflash-b16 | 2 | 400 | 2.00 | 6.00 | 2.50 | 0.05 |" in md   # 400 x 2.5 ms over 20 s
+    plain = report.markdown({**meta, "endpoints": None, "line_temperatures": [], "client_tokenizer": None},
+                            [_point("dflash-b16", 2, 80)], [])
+    assert "streaming chat completions)" in plain and "Client work" not in plain and "temperature 0.0," in plain
 
 
 def test_fleet_configurations_run_as_fleets():
