@@ -137,7 +137,7 @@ class BlockSizeController:
         ragged_step = self.overlay.pick(ragged, E, tokens, k, bs, step, choice.explored)
         if ragged_step is not None:
             draft_full = False  # a ragged step drafts each request's own width; probes stay on their clock
-        probe = self.probes.due(choice, self.rule.dwell, draft_full, good, tokens, bs)
+        probe = self.probes.due(choice, self.rule.dwell, draft_full, good, tokens, bs, self.requests.saturated)
         self.steps_decided += 1
         if ragged_step is not None and not probe:
             widths, g, e = ragged_step

@@ -15,6 +15,10 @@ anyway is never a probe and restarts the count):
     current width's -- has risen by more than PROBE_SURPRISE since the last probe, or when the width switches
     (neither to try a width, exploration.py, nor back to the width an exploration left: that is no news about
     acceptance).
+  * saturated: after ``probe_near_interval`` steps in a row at a prefix-drafted width (1 < b < max_block) in
+    which every request accepted all b - 1 drafts it verified, at once, and the near doubling restarts. Why: such
+    steps say nothing about the positions past b, which the estimate then takes from the class's curve; a request
+    far better than its class stayed narrow for a whole request (benchmarks/regret_offline.py, real-world code).
 Invariants: depends only on the estimate and the call sequence (identical on every TP rank).
 """
 from __future__ import annotations
@@ -70,12 +74,16 @@ class ProbeSchedule:
             self._excursion_from = None  # kept past its dwell: the tried width was adopted, leaving it is a switch
 
     def due(self, choice: Choice, dwell: int, draft_full: bool, good: np.ndarray, tokens: np.ndarray,
-            bs: int) -> bool:
-        """Whether this decision (``draft_full``: its width drafts the full block anyway) probes."""
+            bs: int, saturated: int = 0) -> bool:
+        """Whether this decision (``draft_full``: its width drafts the full block anyway) probes; ``saturated``:
+        the steps in a row, since the last full draft, in which every request accepted all its width verified."""
         self._note(choice, dwell)
         probe = False
         if not draft_full and self.enabled:
             interval, evidence = self._interval(good, tokens, choice.k, bs)
+            if self.cfg.probe_near_interval > 0 and saturated >= self.cfg.probe_near_interval:
+                self._backoff = 0  # the width is the limit, not the drafts: what lies beyond it is worth a look
+                interval = 1
             probe = self._since_draft + 1 >= interval
             if probe:
                 self._evidence = evidence

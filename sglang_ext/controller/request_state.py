@@ -78,6 +78,7 @@ class RequestState:
         )
         self.hindsight = HindsightBuffer(self.max_block, cap) if self.J > 0 else None
         self.steps_observed = 0
+        self.saturated = 0  # steps in a row at a prefix width whose every request accepted all it verified
         self._obs_key: tuple | None = None  # _observe_elapsed: the last general observation's batch and classes,
         self._obs_gen = -1  # the slot map's generation after it
         self._obs_slots = np.zeros(0, dtype=np.intp)  # and its slots
@@ -152,6 +153,8 @@ class RequestState:
 
         if widths is None and drafted is None and b in self.calibration[0]:  # a prefix draft (a probe drafts all)
             self._calibrate(b, slots, acc, classes)
+        self.saturated = self.saturated + 1 if (drafted is None and 1 < b < self.max_block
+                                                and bool((acc >= tried).all())) else 0
         self.stats.step(slots)
         if drafted is not None and self.hindsight is not None:
             self.hindsight.add_blocks(slots, drafted)
@@ -197,6 +200,7 @@ class RequestState:
             raise ValueError("committed: each request must commit accepted + 1 tokens")
         self.stats.step(self._obs_slots)
         self.steps_observed += 1
+        self.saturated = 0
         return True
 
     def observe_tree(self, width: int, request_ids: Sequence[Hashable], path: np.ndarray) -> None:

@@ -541,6 +541,31 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
     assert blind > 0.9 and seen < 0.2  # without probes position 12 keeps the estimate of the positions before it
 
 
+def _saturation_probes(runs: int, steps: int = 64) -> list[int]:
+    """Steps that probed while width 2 (prefix drafts, cheapest by far) verified a request whose drafts match their
+    first ``runs`` tokens; no near probes (a wider width never looks near), far probes every 32 steps."""
+    cfg = ControllerConfig(mode="adaptive", probe_interval=32, probe_near_interval=4, probe_near_ratio=1.0,
+                           explore_margin=0.0, hysteresis=0.9)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.001, 2: 0.0011, 4: 1.0, 8: 1.0, 16: 1.0}), prefix_drafts=True)
+    probes, pos = [], [0]
+    for step in range(steps):
+        d = ctrl.decide(["a"])
+        assert d.block_size == 2
+        if d.probe:
+            probes.append(step)
+        feed_stream(ctrl, ["a"], np.array([runs]), 2, pos, full_draft=d.draft_full)
+    return probes
+
+
+def test_a_width_whose_every_draft_is_accepted_probes_beyond_itself_soon() -> None:
+    """A request that accepts all a narrow width verifies says nothing about the positions past it, which the
+    estimate then takes from its class's curve: after probe_near_interval such steps in a row the controller drafts
+    the full block (a probe) instead of waiting for the far interval. A request its width rejects waits."""
+    saturated = _saturation_probes(runs=J)
+    assert saturated[:3] == [4, 9, 14]  # 4 saturated steps, the probe, 4 more: the streak restarts after a probe
+    assert _saturation_probes(runs=0) == [31, 63]  # rejected at its first draft: the far interval only
+
+
 def tree_controller(extra_cost: float = 0.1) -> BlockSizeController:
     """Chains 1 and 16 and a tree of 31 prefixes (width 32) whose step costs ``extra_cost`` more than chain 16's."""
     cands = (1, 16, 32)
