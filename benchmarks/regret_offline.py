@@ -46,9 +46,11 @@ from sglang_ext.controller.policy import BlockSizeController  # noqa: E402
 PROMPTS = REPO / "loadtest" / "prompts"
 FILES = {"realcode": PROMPTS / "realcode.jsonl", "code": PROMPTS / "mix.jsonl", "prose": PROMPTS / "prose.jsonl"}
 WIDTHS = (1, 2, 4, 8, 16)
-# Measured on this machine, one request, fp32, quiet: see --costs to pass a fresh table
-DEFAULT_COSTS = {"none": 7.1, "w1": 7.4, "prefix2": 11.0, "prefix4": 12.0, "prefix8": 14.0, "full": 18.5,
-                 "probe_extra": 6.0, "fixed2": 11.5, "fixed4": 12.5, "fixed8": 14.5, "fixed16": 18.5}
+# ms per step at one request on the project's 2-core CPU, from the step profiles in benchmarks/results/
+# (step_profile_cpu*.json: none, w1, prefix8, full, fixed8; step_time_cpu.json: fixed16); widths 2 and 4 and the
+# full draft's extra are interpolated between them. --costs passes a fresh table.
+DEFAULT_COSTS = {"none": 8.7, "w1": 9.5, "prefix2": 12.0, "prefix4": 13.3, "prefix8": 15.9, "full": 18.8,
+                 "probe_extra": 4.5, "fixed2": 11.5, "fixed4": 12.6, "fixed8": 14.3, "fixed16": 18.5}
 
 
 # -- traces ---------------------------------------------------------------------------------------------------
