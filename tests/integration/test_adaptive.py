@@ -178,3 +178,36 @@ def test_speculation_turns_off_when_acceptance_collapses_and_back_on_when_it_ret
     assert share_off(off[-1]) >= 0.8, f"prose at temperature 1: speculation should be off (width 1): {off}"
     assert share_off(back[0]) < 1, f"code again: speculation should come back within the first request: {back}"
     assert share_off(back[-1]) <= 0.2, f"code again: speculation should be back on: {back}"
+
+
+def test_drafting_resumes_within_a_few_steps_for_a_request_that_accepts_well_after_one_that_did_not(
+        module_server_factory, tiny_pair, request):
+    """Real-world code the pair never saw (loadtest/prompts/realcode.jsonl): a prompt whose drafts are mostly
+    wrong, then one whose drafts are right nearly every position. The first lowers the greedy class's curve; the
+    second must still draft wide within a few steps (probes.py: a narrow width whose every draft is accepted probes
+    beyond itself), not spend its request at a narrow width. Costs fixed at the step profiles' (learning off), so
+    the only question is the acceptance estimate. The pair: benchmarks/regret_offline.py's realcode requests 4 and
+    5 (replayed there: 33 steps at width 2 before the fix, 5 after)."""
+    if "tiny-code" not in str(tiny_pair["target"]):
+        pytest.skip("needs the bundled trained pair (models/tiny-code): the random pair accepts nothing")
+    profile_dir = request.config._tmp_path_factory.mktemp("realcode-profile")  # type: ignore[attr-defined]
+    profile = profile_dir / "profile.json"
+    profile.write_text(json.dumps({"batch_buckets": [1, 64], "block_sizes": list(WIDTHS),
+                                   "seconds": [[0.0095, 0.0120, 0.0133, 0.0159, 0.0188]] * 2}))
+    server = module_server_factory(adaptive_config(tiny_pair, cost_profile=str(profile), learn_costs=False),
+                                   "adaptive-realcode")
+    request.addfinalizer(server.stop)
+    lines = (REPO / "loadtest/prompts/realcode.jsonl").read_text().splitlines()
+    hard, easy = (json.loads(lines[i])["prompt"] for i in (12, 15))
+
+    def steps() -> dict[str, float]:
+        return by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
+
+    server.generate_text(hard, max_new_tokens=128, temperature=0)
+    before = steps()
+    out = server.generate_text(easy, max_new_tokens=128, temperature=0)
+    widths = {b: n for b, n in delta(steps(), before).items() if n}
+    print("verify steps per width of the well-guessed request:", widths, out["meta_info"].get("spec_verify_ct"))
+    narrow = sum(n for b, n in widths.items() if int(b) <= 2)
+    assert narrow <= 12, f"the well-guessed request stayed narrow for {narrow} steps: {widths}"
+    assert out["meta_info"]["completion_tokens"] / out["meta_info"]["spec_verify_ct"] >= 4.0, out["meta_info"]
