@@ -259,6 +259,28 @@ def _chain_sampling_verify() -> None:
     when_imported("sglang.srt.speculative.dflash_utils", patch)
 
 
+def _gated_rmsnorm_in_torch() -> None:
+    """kernels/ops/attention/fla/layernorm_gated.py `RMSNorm.forward` (the gated-delta-net output norm of Qwen3.5)
+    calls the CPU op only where the CPU has AMX, else the Triton `layernorm_fn`, which has no CPU device: on CPU
+    tensors it runs the same math in torch (`cpu/gdn.py rmsnorm_gated`)."""
+    from sglang_ext.cpu.gdn import rmsnorm_gated
+
+    def make(original):
+        def forward(self, x, z=None):
+            if x.device.type != "cpu":
+                return original(self, x, z)
+            if not (self.norm_before_gate and self.group_size is None and self.activation == "swish"):
+                raise NotImplementedError("gated RMSNorm on CPU: only norm-before-gate, one group, swish")
+            return rmsnorm_gated(x, self.weight, z, self.eps)
+
+        return forward
+
+    def patch(layernorm_gated: ModuleType) -> None:
+        wrap(layernorm_gated.RMSNorm, "forward", make)
+
+    when_imported("sglang.kernels.ops.attention.fla.layernorm_gated", patch)
+
+
 _PATCHES = [
     _builtin_dflash_on_cpu,
     _torch_native_draft_backend,
@@ -267,4 +289,5 @@ _PATCHES = [
     _input_embeds_in_runner_dtype,
     _torch_native_block_attention,
     _chain_sampling_verify,
+    _gated_rmsnorm_in_torch,
 ]
