@@ -41,7 +41,7 @@ class Qwen35Spec:
     bias_mask: float = 10.0
     draft_layers: int = 1
     block_size: int = 8
-    target_layer_ids: tuple[int, ...] = (1, 3)  # one gated-delta-net layer, the full-attention layer
+    target_layer_ids: tuple[int, ...] = (1, 2)  # gated-delta-net layers (SGLang captures below the last layer)
     seed: int = 0
 
 

@@ -245,3 +245,31 @@ TORCH_OPS = {
     "fused_qkvzba_split_reshape_cat_contiguous_cpu": fused_qkvzba_split_reshape_cat_contiguous_cpu,
     "fused_rmsnorm_gated_cpu": rmsnorm_gated,
 }
+
+
+# -- the speculative commit (upstream's Triton scatter has no CPU device) --------------------------------------
+
+def _scatter_steps(dst, src, dst_rows, steps, src_rows=None) -> None:
+    """dst[:, dst_rows[i]] = src[:, src_rows[i], steps[i]] for every i with steps[i] >= 0 (and a real row)."""
+    if dst is None or src is None or steps.numel() == 0:
+        return
+    steps = steps.long()
+    dst_rows = dst_rows.long()
+    src_rows = torch.arange(steps.numel()) if src_rows is None else src_rows.long()
+    ok = (steps >= 0) & (dst_rows >= 0)
+    if bool(ok.any()):
+        dst[:, dst_rows[ok]] = src[:, src_rows[ok], steps[ok]].to(dst.dtype)
+
+
+def scatter_mamba_states_after_verify(mamba_caches, state_indices_tensor, last_correct_step_indices,
+                                      mamba_track_indices=None, mamba_steps_to_track=None,
+                                      src_indices_raw=None) -> None:
+    """`scatter_mamba_states_after_mtp_verify` (kernels/ops/mamba/mamba_state_scatter_triton.py): the recurrent
+    and conv states of request i become those after its last accepted verify token (step >= 0; -1 leaves the
+    request's state as it is), and the same for the prefix cache's track slots."""
+    pairs = [(mamba_caches.temporal, mamba_caches.intermediate_ssm)]
+    pairs += [(c, w) for c, w in zip(mamba_caches.conv, mamba_caches.intermediate_conv_window) if c.numel() > 0]
+    for dst, src in pairs:
+        _scatter_steps(dst, src, state_indices_tensor, last_correct_step_indices, src_indices_raw)
+        if mamba_track_indices is not None:
+            _scatter_steps(dst, src, mamba_track_indices, mamba_steps_to_track, src_indices_raw)

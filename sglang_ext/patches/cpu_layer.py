@@ -281,6 +281,26 @@ def _gated_rmsnorm_in_torch() -> None:
     when_imported("sglang.kernels.ops.attention.fla.layernorm_gated", patch)
 
 
+def _mamba_verify_commit_in_torch() -> None:
+    """layers/attention/hybrid_linear_attn_backend.py `update_mamba_state_after_mtp_verify` commits a hybrid target's
+    recurrent and conv states for the accepted prefix through `scatter_mamba_states_after_mtp_verify`, Triton
+    kernels that refuse CPU tensors: on CPU the same gather-scatter in torch (`cpu/gdn.py`)."""
+    from sglang_ext.cpu.gdn import scatter_mamba_states_after_verify
+
+    def make(original):
+        def scatter(mamba_caches, *args, **kwargs):
+            if mamba_caches.temporal.device.type != "cpu":
+                return original(mamba_caches, *args, **kwargs)
+            return scatter_mamba_states_after_verify(mamba_caches, *args, **kwargs)
+
+        return scatter
+
+    def patch(backend: ModuleType) -> None:
+        wrap(backend, "scatter_mamba_states_after_mtp_verify", make)
+
+    when_imported("sglang.srt.layers.attention.hybrid_linear_attn_backend", patch)
+
+
 _PATCHES = [
     _builtin_dflash_on_cpu,
     _torch_native_draft_backend,
@@ -290,4 +310,5 @@ _PATCHES = [
     _torch_native_block_attention,
     _chain_sampling_verify,
     _gated_rmsnorm_in_torch,
+    _mamba_verify_commit_in_torch,
 ]
