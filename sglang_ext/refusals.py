@@ -64,3 +64,31 @@ def per_request_widths_refusal(device: str) -> str | None:
         return None
     return (f"runs on CPU only in this release (the ragged verify reads the CPU attention's layout; GPU verify "
             f"graphs are per width), not device {device}; set it false")
+
+
+# Layer kinds of a hybrid target's config.json `layer_types` that carry a recurrent state instead of a KV cache
+# (Qwen3.5 / Qwen3-Next gated delta net, mamba layers): what the preflight reads; the worker asks SGLang.
+RECURRENT_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2", "gated_delta_net"})
+HYBRID_FIX = "use widths up to the drafter's block (a chain), or serve this pair with speculative.algorithm: dflash"
+
+
+def is_hybrid_target(config: dict) -> bool:
+    """Whether a target's config.json (or its `text_config`) declares recurrent-state layers."""
+    for cfg in (config, config.get("text_config") or {}):
+        if RECURRENT_LAYER_KINDS & set(cfg.get("layer_types") or ()):
+            return True
+        if cfg.get("full_attention_interval") and cfg.get("linear_num_value_heads"):
+            return True
+    return False
+
+
+def hybrid_tree_refusal() -> str:
+    """Why a hybrid target cannot verify a DDTree."""
+    return ("has a hybrid target (gated-delta-net or mamba layers): the verify writes one recurrent state per chain "
+            "position and commits the accepted prefix's, and a tree needs a state per node, which is not built")
+
+
+def hybrid_per_request_widths_refusal() -> str:
+    """Why a hybrid target cannot verify a width per request."""
+    return ("the target is hybrid (gated-delta-net or mamba layers): its recurrent-state verify reads one width for "
+            "the whole batch, and a ragged verify packs several; set it false")
