@@ -118,12 +118,19 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
     return o
 
 
-def _conv_seq(x, weight, bias, window, silu: bool, windows_out=None):
+def _conv_seq(x, weight, bias, window, silu: bool, windows_out=None, stored_history: bool = False):
     """One sequence: x [dim, L], window [dim, W - 1] (the inputs before x, oldest first). Returns (out [dim, L],
-    the last W - 1 inputs); `windows_out` [>= L, dim, W - 1], when given, gets the window after each token."""
+    the last W - 1 inputs); `windows_out` [>= L, dim, W - 1], when given, gets the window after each token.
+    `stored_history`: each token sees the earlier ones as the conv state stores them (its dtype, bf16 by default),
+    as decoding them one by one would -- so a verify of L tokens computes what L decode steps compute."""
     w = weight.shape[1]
     full = torch.cat([window.to(x.dtype), x], dim=1)  # [dim, W - 1 + L]
+    if stored_history:
+        full = full.to(window.dtype).to(x.dtype)
     cols = full.unfold(1, w, 1)  # [dim, L, W]
+    if stored_history:  # the token itself is read as computed
+        cols = cols.clone()
+        cols[:, :, -1] = x
     out = (cols.float() * weight.float().unsqueeze(1)).sum(-1)
     if bias is not None:
         out = out + bias.float().unsqueeze(1)
@@ -178,7 +185,8 @@ def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None, 
         buf = None
         if intermediate_conv_window is not None:
             buf = intermediate_conv_window[int(intermediate_state_indices[i])]
-        out[i], last = _conv_seq(xs[i], weight, bias, conv_state[slot], _silu(activation), windows_out=buf)
+        out[i], last = _conv_seq(xs[i], weight, bias, conv_state[slot], _silu(activation), windows_out=buf,
+                                 stored_history=True)
         conv_state[slot] = last.to(conv_state.dtype)
     return out.squeeze(-1) if squeeze else out
 
