@@ -114,7 +114,7 @@ def test_adaptive_greedy_equals_plain_switching_width_and_retracting(servers, pl
     retracted = sum(_metric(server, "sglang:num_retracted_requests_total").values())
     single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
     assert [r["output_ids"] for r in single] == plain_greedy
-    assert max(r["meta_info"]["spec_accept_length"] for r in single) > 1.5
+    assert sum(r["meta_info"]["spec_num_correct_drafts"] for r in single) > 0  # drafts really accepted
     batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
     assert [r["output_ids"] for r in batched] == plain_greedy
     steps = {re.search(r'block_size="(\d+)"', k).group(1): v
@@ -124,12 +124,17 @@ def test_adaptive_greedy_equals_plain_switching_width_and_retracting(servers, pl
 
 
 def test_prefix_cache_hit_and_aborted_neighbour_change_nothing(servers, plain_greedy, prompt_ids):
-    """The same prompt again (its prefix served from the cache, recurrent state included), and requests finishing
+    """A follow-up turn (the previous prompt and answer, then more: its prefix served from the cache, recurrent
+    state included -- on CPU SGLang caches a hybrid target's state where a request ended), and requests finishing
     beside one aborted mid-decode, commit what plain decoding commits."""
     server = servers["adaptive"]
-    again = server.generate(prompt_ids[0], max_new_tokens=MAX_NEW, temperature=0)
-    assert again["output_ids"] == plain_greedy[0]
+    first = server.generate(prompt_ids[4], max_new_tokens=MAX_NEW, temperature=0)
+    assert first["output_ids"] == plain_greedy[4]
+    follow_up = prompt_ids[4] + plain_greedy[4] + prompt_ids[5]
+    again = server.generate(follow_up, max_new_tokens=MAX_NEW, temperature=0)
     assert again["meta_info"]["cached_tokens"] > 0  # the prefix cache was really hit
+    assert again["output_ids"] == servers["plain"].generate(follow_up, max_new_tokens=MAX_NEW,
+                                                            temperature=0)["output_ids"]
     rid = f"hybrid-aborted-{time.monotonic_ns()}"
 
     def aborted() -> str:
