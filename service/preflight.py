@@ -115,6 +115,9 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
     if spec.algorithm == "dflash_adaptive":
+        why = refusals.selector_drafter_refusal(draft)
+        if why is not None:
+            raise ConfigError(f"{field}: {where} {why}")
         _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args,
                         hybrid=refusals.is_hybrid_target(target))
     fc = _safetensors_shapes(where).get("fc.weight")
