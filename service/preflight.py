@@ -146,6 +146,9 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
     ``hybrid`` target), per-request widths (CPU, not hybrid) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
+    why = refusals.hybrid_device_refusal(device) if hybrid else None
+    if why is not None:
+        raise ConfigError(f"model.path: {why}")
     settings = spec.adaptive_settings()
     try:  # the one rule for widths, the same call the worker makes at start-up
         settings.controller.check_against_max_block(draft_block)
@@ -155,7 +158,8 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
     why = None
     if trees:
         page_size = int(sglang_args.get("page_size") or 1)
-        why = (refusals.hybrid_tree_refusal() if hybrid else None) or (refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
+        why = ((refusals.hybrid_tree_refusal() if hybrid else None)
+               or refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
                or (None if device == "cpu" else refusals.tree_attention_refusal(
                    sglang_args.get("attention_backend"), page_size)))
     if why is not None:

@@ -104,3 +104,12 @@ def selector_drafter_refusal(draft_config: dict) -> str | None:
         return ("is a DFlash2 drafter (its candidate selector picks the proposed path), which dflash_adaptive does not "
                 "verify yet: serve this pair with speculative.algorithm: dflash")
     return None
+
+
+def hybrid_device_refusal(device: str) -> str | None:
+    """Why a hybrid target cannot be served by dflash_adaptive on this device (None: it can)."""
+    if device == "cpu":
+        return None
+    return (f"a hybrid target (gated-delta-net or mamba layers) has served under dflash_adaptive on CPU only: its "
+            f"per-width verify CUDA graphs with the recurrent-state buffers have not run on device {device} yet; "
+            f"serve this pair with speculative.algorithm: dflash")

@@ -20,8 +20,8 @@ own copy-done sync, in launch order, and the loop reads them then.
 
 Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino) and a
 draft sliding window are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
-targets are served at chain widths: the verify keeps every position's recurrent state aside and upstream's commit
-keeps the accepted prefix's (``steps/verify.py``); their trees and per-request widths are refused.
+targets are served at chain widths on CPU: the verify keeps every position's recurrent state aside and upstream's
+commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request widths and GPUs are refused.
 """
 from __future__ import annotations
 
@@ -128,6 +128,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def _refuse_for_hybrid_target(self) -> None:
         """A hybrid target's verify commits one recurrent state per chain position (steps/verify.py): trees and
         per-request widths are refused (the preflight's rules, for a server started without dflash-serve)."""
+        why = refusals.hybrid_device_refusal(torch.device(self.device).type)
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE {why}")
         trees = [b for b in self.loop.candidates if b > self.max_block]
         if trees:
             why = refusals.hybrid_tree_refusal()

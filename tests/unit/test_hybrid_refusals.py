@@ -67,3 +67,12 @@ def test_a_dflash2_drafter_is_refused_with_the_reason_and_the_fix(tmp_path, hybr
     with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: .* is a DFlash2 drafter .*serve this pair "
                                           r"with speculative.algorithm: dflash"):
         _check(tmp_path, {"target": hybrid_pair["target"], "drafter": drafter}, candidates=[1, 2, 4, 8])
+
+
+def test_a_gpu_is_refused_for_a_hybrid_target_until_it_has_served_there(tmp_path, hybrid_pair):
+    data = {"model": {"path": str(hybrid_pair["target"])}, "server": {"device": "cuda"},
+            "speculative": {"algorithm": "dflash_adaptive", "draft_model_path": str(hybrid_pair["drafter"])}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"^model.path: a hybrid target .* on CPU only.*serve this pair with "
+                                          r"speculative.algorithm: dflash"):
+        check(load_config(tmp_path / "cfg.yaml"))
