@@ -53,6 +53,8 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     if config.server.device is Device.cpu:
         threads = str(config.server.resolved_cpu_threads())
         env |= {env_names.CPU: "1", env_names.SGLANG_CPU_ENGINE: "1", env_names.OMP_THREADS: threads}
+        if config.model.dtype == "float32":
+            env.setdefault(env_names.SGLANG_MAMBA_CONV_DTYPE, "float32")
     else:
         env.pop(env_names.CPU, None)
     env.pop(env_names.ADAPTIVE, None)

@@ -115,7 +115,11 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
     if spec.algorithm == "dflash_adaptive":
-        _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args)
+        why = refusals.selector_drafter_refusal(draft)
+        if why is not None:
+            raise ConfigError(f"{field}: {where} {why}")
+        _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args,
+                        hybrid=refusals.is_hybrid_target(target))
     fc = _safetensors_shapes(where).get("fc.weight")
     if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
@@ -136,12 +140,15 @@ def _gpu_kit_refusal(device: str) -> str | None:
             f"(on a lent GPU without sgl-kernel); unset it to serve")
 
 
-def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> None:
+def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybrid: bool = False) -> None:
     """The controller settings against the drafter (widths <= 4x its block; trees above it without tensor
-    parallelism, with page size 1, and on GPU with an attention backend that reads the tree's mask), per-request
-    widths (CPU) and the cost profile (loadable)."""
+    parallelism, with page size 1, on GPU with an attention backend that reads the tree's mask, and never for a
+    ``hybrid`` target), per-request widths (CPU, not hybrid) and the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
+    why = refusals.hybrid_device_refusal(device) if hybrid else None
+    if why is not None:
+        raise ConfigError(f"model.path: {why}")
     settings = spec.adaptive_settings()
     try:  # the one rule for widths, the same call the worker makes at start-up
         settings.controller.check_against_max_block(draft_block)
@@ -151,12 +158,15 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict) -> N
     why = None
     if trees:
         page_size = int(sglang_args.get("page_size") or 1)
-        why = (refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
+        why = ((refusals.hybrid_tree_refusal() if hybrid else None)
+               or refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
                or (None if device == "cpu" else refusals.tree_attention_refusal(
                    sglang_args.get("attention_backend"), page_size)))
     if why is not None:
         raise ConfigError(refusals.tree_widths_error(trees, draft_block, why))
-    why = refusals.per_request_widths_refusal(device) if settings.controller.per_request_widths else None
+    why = None
+    if settings.controller.per_request_widths:
+        why = refusals.hybrid_per_request_widths_refusal() if hybrid else refusals.per_request_widths_refusal(device)
     if why is not None:
         raise ConfigError(f"speculative.adaptive.per_request_widths: {why}")
     if settings.cost_profile is not None:

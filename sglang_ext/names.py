@@ -59,5 +59,10 @@ SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
 """'1' on GPU for dflash_adaptive unless the user set it: SGLang backs the KV pool after CUDA-graph capture from
 the free memory it then measures, so the worker's per-width verify graphs (captured after the pool is sized) are
 counted (docs/ARCHITECTURE.md §7)."""
+SGLANG_MAMBA_CONV_DTYPE = "SGLANG_MAMBA_CONV_DTYPE"
+"""'float32' on CPU for a float32 model unless the user set it: a hybrid target's conv state is otherwise bf16, so a
+prefill (which reads its own inputs unrounded) and decoding (which reads them back from the state) would compute
+different values for the same tokens -- a request re-prefilled after a retraction would not continue as it would
+have decoded. No effect on a model without conv layers."""
 SGLANG_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
 OMP_THREADS = "OMP_NUM_THREADS"

@@ -64,3 +64,52 @@ def per_request_widths_refusal(device: str) -> str | None:
         return None
     return (f"runs on CPU only in this release (the ragged verify reads the CPU attention's layout; GPU verify "
             f"graphs are per width), not device {device}; set it false")
+
+
+# Layer kinds of a hybrid target's config.json `layer_types` that carry a recurrent state instead of a KV cache
+# (Qwen3.5 / Qwen3-Next gated delta net, mamba layers): what the preflight reads; the worker asks SGLang.
+RECURRENT_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2", "gated_delta_net"})
+HYBRID_FIX = "use widths up to the drafter's block (a chain), or serve this pair with speculative.algorithm: dflash"
+
+
+def is_hybrid_target(config: dict) -> bool:
+    """Whether a target's config.json (or its `text_config`) declares recurrent-state layers."""
+    for cfg in (config, config.get("text_config") or {}):
+        if RECURRENT_LAYER_KINDS & set(cfg.get("layer_types") or ()):
+            return True
+        if cfg.get("full_attention_interval") and cfg.get("linear_num_value_heads"):
+            return True
+    return False
+
+
+def hybrid_tree_refusal() -> str:
+    """Why a hybrid target cannot verify a DDTree."""
+    return ("has a hybrid target (gated-delta-net or mamba layers): the verify writes one recurrent state per chain "
+            "position and commits the accepted prefix's, and a tree needs a state per node, which is not built")
+
+
+def hybrid_per_request_widths_refusal() -> str:
+    """Why a hybrid target cannot verify a width per request."""
+    return ("the target is hybrid (gated-delta-net or mamba layers): its recurrent-state verify reads one width for "
+            "the whole batch, and a ragged verify packs several; set it false")
+
+
+def selector_drafter_refusal(draft_config: dict) -> str | None:
+    """Why dflash_adaptive cannot serve this drafter's head (None: a plain DFlash drafter). A DFlash2 drafter
+    (dflash_config.selector_rank) proposes the path its candidate selector picks, not the block's greedy tokens the
+    adaptive steps verify and learn from."""
+    dflash = draft_config.get("dflash_config") or {}
+    arch = (draft_config.get("architectures") or [""])[0]
+    if dflash.get("selector_rank") or arch.startswith("DFlash2"):
+        return ("is a DFlash2 drafter (its candidate selector picks the proposed path), which dflash_adaptive does not "
+                "verify yet: serve this pair with speculative.algorithm: dflash")
+    return None
+
+
+def hybrid_device_refusal(device: str) -> str | None:
+    """Why a hybrid target cannot be served by dflash_adaptive on this device (None: it can)."""
+    if device == "cpu":
+        return None
+    return (f"a hybrid target (gated-delta-net or mamba layers) has served under dflash_adaptive on CPU only: its "
+            f"per-width verify CUDA graphs with the recurrent-state buffers have not run on device {device} yet; "
+            f"serve this pair with speculative.algorithm: dflash")

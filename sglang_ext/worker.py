@@ -18,8 +18,10 @@ and Prometheus -- is controller_loop.py's (no torch, no SGLang). Feedback needs 
 block and committed tokens are copied to the host asynchronously; SGLang calls ``on_verify_complete_cpu`` after its
 own copy-done sync, in launch order, and the loop reads them then.
 
-Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino), a
-draft sliding window and hybrid (mamba) targets are refused at start-up with the fix (serve with ``dflash``).
+Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino) and a
+draft sliding window are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
+targets are served at chain widths on CPU: the verify keeps every position's recurrent state aside and upstream's
+commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request widths and GPUs are refused.
 """
 from __future__ import annotations
 
@@ -123,6 +125,20 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(widths, self.max_block, why)}")
         return bool(widths)
 
+    def _refuse_for_hybrid_target(self) -> None:
+        """A hybrid target's verify commits one recurrent state per chain position (steps/verify.py): trees and
+        per-request widths are refused (the preflight's rules, for a server started without dflash-serve)."""
+        why = refusals.hybrid_device_refusal(torch.device(self.device).type)
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE {why}")
+        trees = [b for b in self.loop.candidates if b > self.max_block]
+        if trees:
+            why = refusals.hybrid_tree_refusal()
+            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, why)}")
+        if self._ragged:
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: "
+                             f"{refusals.hybrid_per_request_widths_refusal()}")
+
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
         run by Triton's interpreter, so the code a GPU runs -- buffers, strides, views -- runs in CI too."""
@@ -138,9 +154,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     # -- start-up ----------------------------------------------------------------------------------------------
     def init_attention_backends(self) -> None:
         super().init_attention_backends()
-        if self._need_mamba_verify_commit:
-            raise ValueError("DFLASH_ADAPTIVE does not support hybrid (mamba) targets: serve this pair with "
-                             "speculative.algorithm: dflash")
+        if self._need_mamba_verify_commit:  # known only now: upstream sets it with the target's backends
+            self._refuse_for_hybrid_target()
         if self._trees and upstream.is_cuda():  # the target's backends exist now (the scheduler built them first)
             why = tree_verify_refusal(self.model_runner)
             if why is not None:

@@ -7,6 +7,7 @@ because they sit on the decode hot path.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import sys
 
 import torch
@@ -82,4 +83,13 @@ def bind() -> list[str]:
         return []
     for name, fn in IMPLEMENTED.items():
         setattr(mod, name, fn)
-    return sorted(IMPLEMENTED)
+    from sglang_ext.cpu import gdn
+
+    mamba = importlib.import_module("sgl_kernel.mamba")
+    for name, fn in gdn.MAMBA_MODULE.items():
+        setattr(mamba, name, fn)
+    # SGLang reads these as `torch.ops.sgl_kernel.<name>` attributes at import; an attribute on the namespace
+    # answers first (there is no CPU sgl_kernel library to register them from)
+    for name, fn in gdn.TORCH_OPS.items():
+        setattr(torch.ops.sgl_kernel, name, fn)
+    return sorted([*IMPLEMENTED, *gdn.MAMBA_MODULE, *gdn.TORCH_OPS])

@@ -259,6 +259,48 @@ def _chain_sampling_verify() -> None:
     when_imported("sglang.srt.speculative.dflash_utils", patch)
 
 
+def _gated_rmsnorm_in_torch() -> None:
+    """kernels/ops/attention/fla/layernorm_gated.py `RMSNorm.forward` (the gated-delta-net output norm of Qwen3.5)
+    calls the CPU op only where the CPU has AMX, else the Triton `layernorm_fn`, which has no CPU device: on CPU
+    tensors it runs the same math in torch (`cpu/gdn.py rmsnorm_gated`)."""
+    from sglang_ext.cpu.gdn import rmsnorm_gated
+
+    def make(original):
+        def forward(self, x, z=None):
+            if x.device.type != "cpu":
+                return original(self, x, z)
+            if not (self.norm_before_gate and self.group_size is None and self.activation == "swish"):
+                raise NotImplementedError("gated RMSNorm on CPU: only norm-before-gate, one group, swish")
+            return rmsnorm_gated(x, self.weight, z, self.eps)
+
+        return forward
+
+    def patch(layernorm_gated: ModuleType) -> None:
+        wrap(layernorm_gated.RMSNorm, "forward", make)
+
+    when_imported("sglang.kernels.ops.attention.fla.layernorm_gated", patch)
+
+
+def _mamba_verify_commit_in_torch() -> None:
+    """layers/attention/hybrid_linear_attn_backend.py `update_mamba_state_after_mtp_verify` commits a hybrid target's
+    recurrent and conv states for the accepted prefix through `scatter_mamba_states_after_mtp_verify`, Triton
+    kernels that refuse CPU tensors: on CPU the same gather-scatter in torch (`cpu/gdn.py`)."""
+    from sglang_ext.cpu.gdn import scatter_mamba_states_after_verify
+
+    def make(original):
+        def scatter(mamba_caches, *args, **kwargs):
+            if mamba_caches.temporal.device.type != "cpu":
+                return original(mamba_caches, *args, **kwargs)
+            return scatter_mamba_states_after_verify(mamba_caches, *args, **kwargs)
+
+        return scatter
+
+    def patch(backend: ModuleType) -> None:
+        wrap(backend, "scatter_mamba_states_after_mtp_verify", make)
+
+    when_imported("sglang.srt.layers.attention.hybrid_linear_attn_backend", patch)
+
+
 _PATCHES = [
     _builtin_dflash_on_cpu,
     _torch_native_draft_backend,
@@ -267,4 +309,6 @@ _PATCHES = [
     _input_embeds_in_runner_dtype,
     _torch_native_block_attention,
     _chain_sampling_verify,
+    _gated_rmsnorm_in_torch,
+    _mamba_verify_commit_in_torch,
 ]

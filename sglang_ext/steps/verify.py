@@ -76,11 +76,19 @@ def verify_chain(ctx: StepContext, window: StepWindow, cand: torch.Tensor, b: in
     w, batch, bs = ctx.worker, ctx.batch, ctx.bs
     positions = window.positions[:, :b].reshape(-1)
     sampling_info = batch.sampling_info
+    hybrid = w._need_mamba_verify_commit
+    seq_lens_pre_verify = batch.seq_lens.clone() if hybrid else None
     target_out, target_predict = verify_forward(ctx, window, cand, positions)
     logits_output = target_out.logits_output
     accept = accept_width1 if b == 1 else accept_chain
     accept_len, commit_lens, bonus, out_tokens, new_seq_lens = accept(
         ctx, cand, logits_output.next_token_logits, target_predict, window.prefix_lens)
+    if hybrid:  # the verify wrote each position's recurrent state aside: keep the accepted prefix's last
+        w._update_target_mamba_state_after_verify(
+            batch=batch, seq_lens_pre_verify=seq_lens_pre_verify,
+            seq_lens_post_verify=(new_seq_lens if new_seq_lens is not None
+                                  else window.prefix_lens + commit_lens.to(window.prefix_lens.dtype)),
+            commit_lens=commit_lens)
     mask_capture = upstream.SpeculativeSamplingMaskCapture.from_logits(
         sampling_info, next_token_logits=logits_output.next_token_logits, draft_input=ctx.draft_input,
         draft_token_num=b, bs=bs)
