@@ -101,7 +101,7 @@ def test_a_configuration_is_one_entry(tmp_path):
         "configs": {"small-batch": {"server": {"max_running_requests": 4}}}}))
     configs = load_configs(tmp_path / "c.yaml").full
     assert configs["small-batch"]["server"]["max_running_requests"] == 4
-    assert configs["small-batch"]["speculative"]["algorithm"] == "dflash"      # the rest from the base
+    assert configs["small-batch"]["speculative"]["algorithm"] == "dflash_adaptive"  # the rest from the base
 
 
 def test_a_bad_configuration_fails_before_any_server_starts(tmp_path):
