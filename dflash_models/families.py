@@ -41,6 +41,7 @@ class Family:
     drafter: str = "dflash"  # the drafter row: "dflash", or "dflash-window" (served with a draft window)
     notes: str = ""
     drafter_overrides: dict = field(default_factory=dict)
+    dtype: str = "bfloat16"  # the checkpoint's dtype
 
 
 FAMILIES: dict[str, Family] = {}
@@ -104,7 +105,10 @@ register(Family("qwen3", "Qwen3ForCausalLM", _qwen3, notes="dense (what tiny.py 
 register(Family("llama3", "LlamaForCausalLM", _llama3, notes="dense, llama3 RoPE scaling"))
 register(Family("qwen3_moe", "Qwen3MoeForCausalLM", _qwen3_moe, notes="MoE: 8 experts, top-2"))
 register(Family("gemma4", "Gemma4ForCausalLM", _gemma4, notes="sliding + global attention"))
-register(Family("gpt_oss", "GptOssForCausalLM", _gpt_oss, notes="MoE, sliding window, attention sinks"))
+# fp32: SGLang builds gpt-oss's attention projections in the checkpoint's dtype, so the fp32 CPU server needs an
+# fp32 checkpoint (the preflight refuses a bf16 one under model.dtype float32: sglang_ext/support.py)
+register(Family("gpt_oss", "GptOssForCausalLM", _gpt_oss, notes="MoE, sliding window, attention sinks",
+                dtype="float32"))
 
 
 def _bias(model, ids: dict[str, int]) -> None:
@@ -140,7 +144,7 @@ def build(name: str, out_dir: str | Path, *, block_size: int = 8, seed: int = 0,
     torch.manual_seed(seed)
     model = family.make_target(ids)
     _bias(model, ids)
-    model.to(torch.bfloat16).save_pretrained(target_dir)
+    model.to(getattr(torch, family.dtype)).save_pretrained(target_dir)
     model.generation_config.save_pretrained(target_dir)
 
     tcfg = json.loads((target_dir / "config.json").read_text())

@@ -50,6 +50,12 @@ def _architecture(directory: Path) -> str | None:
     return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
 
 
+def _checkpoint_dtype(directory: Path) -> str | None:
+    raw = json.loads((directory / "config.json").read_text())
+    value = raw.get("dtype", raw.get("torch_dtype"))
+    return value if isinstance(value, str) else None
+
+
 def _safetensors_shapes(directory: Path) -> dict[str, list[int]]:
     """Tensor shapes from the safetensors header (8-byte length + JSON), without loading weights."""
     shapes: dict[str, list[int]] = {}
@@ -85,6 +91,9 @@ def check(config: ServeConfig) -> PreflightReport:
     why = support.target_refusal(arch, spec.algorithm)
     if why is not None:
         raise ConfigError(f"model.path: {why}")
+    why = support.dtype_refusal(arch, config.model.dtype, _checkpoint_dtype(config.model.path))
+    if why is not None:
+        raise ConfigError(f"model.dtype: {why}")
     if spec.algorithm == "none":
         return PreflightReport(n_layers, hidden, vocab, None, None)
 

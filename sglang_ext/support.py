@@ -20,6 +20,7 @@ class TargetRow:
     architecture: str  # config.json `architectures[0]`
     refused: dict[str, str]  # algorithm -> why it is refused; absent: served
     last_layer_capture: bool = False  # SGLang's model captures the last layer's output as a draft feature
+    checkpoint_dtype_params: bool = False  # SGLang builds some of its weights in the checkpoint's dtype
 
 
 TARGETS: dict[str, TargetRow] = {}
@@ -39,7 +40,7 @@ register_target(TargetRow("qwen3", "Qwen3ForCausalLM", {}))
 register_target(TargetRow("llama3", "LlamaForCausalLM", {}))
 register_target(TargetRow("qwen3_moe", "Qwen3MoeForCausalLM", {}))
 register_target(TargetRow("gemma4", "Gemma4ForCausalLM", {}, last_layer_capture=True))
-register_target(TargetRow("gpt_oss", "GptOssForCausalLM", {}))
+register_target(TargetRow("gpt_oss", "GptOssForCausalLM", {}, checkpoint_dtype_params=True))
 
 
 def target_refusal(architecture: str | None, algorithm: str) -> str | None:
@@ -55,6 +56,17 @@ def target_refusal(architecture: str | None, algorithm: str) -> str | None:
         return (f"target architecture {architecture} is not in the support matrix ({MODELS_DOC}): dflash_adaptive "
                 f"has not been tested with it; serve it with speculative.algorithm: dflash")
     return None
+
+
+def dtype_refusal(architecture: str | None, served: str, checkpoint: str | None) -> str | None:
+    """Why the target cannot run in the served dtype (None: it can). gpt-oss builds its attention projections in
+    the checkpoint's dtype (models/gpt_oss.py GptOssAttention params_dtype=config.dtype), so serving a bf16
+    checkpoint in another dtype fails at the first forward with mismatched matmul dtypes."""
+    row = TARGETS.get(architecture or "")
+    if row is None or not row.checkpoint_dtype_params or served == "auto" or checkpoint in (None, served):
+        return None
+    return (f"{architecture} runs its attention projections in the checkpoint's dtype {checkpoint}, not "
+            f"{served}: set model.dtype: {checkpoint} (or auto)")
 
 
 def last_layer_refusal(architecture: str | None, layer_ids: list[int], n_layers: int) -> str | None:
