@@ -65,8 +65,8 @@ def config(pair: dict, algorithm: str) -> dict:
     return cfg
 
 
-def serve_and_compare(factory, request, pair: dict, algorithm: str, name: str, prompts, expected) -> object:
-    server = factory(config(pair, algorithm), name)
+def serve_and_compare(factory, request, cfg: dict, name: str, prompts, expected) -> tuple:
+    server = factory(cfg, name)
     request.addfinalizer(server.stop)  # one family's server at a time: each costs memory
     single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompts]
     assert [r["output_ids"] for r in single] == expected, f"{name}: single requests differ from plain decoding"
@@ -79,7 +79,7 @@ def serve_and_compare(factory, request, pair: dict, algorithm: str, name: str, p
 def test_adaptive_cycle_equals_plain_decoding(family, family_pairs, prompt_ids, module_server_factory, request):
     pair = family_pairs[family]
     expected = reference(pair, prompt_ids)
-    server, single = serve_and_compare(module_server_factory, request, pair, "dflash_adaptive",
+    server, single = serve_and_compare(module_server_factory, request, config(pair, "dflash_adaptive"),
                                        f"{family}-adaptive-cycle", prompt_ids, expected)
     steps = by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
     assert all(steps.get(str(b), 0) > 0 for b in CANDIDATES), steps  # every width really ran
@@ -93,5 +93,19 @@ def test_adaptive_cycle_equals_plain_decoding(family, family_pairs, prompt_ids, 
 def test_every_algorithm_serves_the_family(family, algorithm, family_pairs, prompt_ids, module_server_factory,
                                           request):
     pair = family_pairs[family]
-    serve_and_compare(module_server_factory, request, pair, algorithm, f"{family}-{algorithm}", prompt_ids,
+    serve_and_compare(module_server_factory, request, config(pair, algorithm), f"{family}-{algorithm}", prompt_ids,
+                      reference(pair, prompt_ids))
+
+
+@pytest.mark.skipif(not ALL_ALGORITHMS, reason="one more server: set DFLASH_SERVE_FAMILY_ALGORITHMS=1")
+def test_a_draft_window_is_served_by_upstream_dflash(tmp_path_factory, prompt_ids, module_server_factory, request):
+    """The drafter row "served with a draft window": upstream's `dflash` with a window shorter than every prompt
+    (its compact draft cache) equals plain decoding; `dflash_adaptive` refuses it in the preflight
+    (tests/unit/test_support_matrix.py)."""
+    from dflash_models import families
+
+    pair = families.build("qwen3", tmp_path_factory.mktemp("window") / "qwen3")
+    cfg = config(pair, "dflash")
+    cfg["sglang_args"] = {**cfg.get("sglang_args", {}), "speculative_draft_window_size": 8}
+    serve_and_compare(module_server_factory, request, cfg, "qwen3-dflash-window", prompt_ids,
                       reference(pair, prompt_ids))
