@@ -72,7 +72,7 @@ def dtype_refusal(architecture: str | None, served: str, checkpoint: str | None)
 def last_layer_refusal(architecture: str | None, layer_ids: list[int], n_layers: int) -> str | None:
     """Why these draft feature layers cannot be captured (None: they can). SGLang captures target layer k's output
     as the input of layer k + 1, so most models never see k = n - 1: Qwen3-MoE's index fails at start-up, the
-    dense models capture one feature short and the drafter's fc layer fails at the first request."""
+    dense models capture one feature short and the drafter's fc layer fails on it in the first forward."""
     row = TARGETS.get(architecture or "")
     if n_layers - 1 not in layer_ids or (row is not None and row.last_layer_capture):
         return None
