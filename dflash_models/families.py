@@ -8,7 +8,8 @@ z-lab-format DFlash drafter whose hidden size and `target_layer_ids` fit the tar
 As in `tiny.py`, the target is biased so a random drafter is partly accepted: its LM head maps one hidden
 coordinate to a fixed token, and the mask token's embedding points along it.
 
-Other modules add rows with `register` (a family's builder returns the target's model; the rest is shared).
+Other modules add rows with `register`: a family's `make_target` returns the target's model (bias, save and the
+plain drafter are shared); `make_drafter` replaces the plain drafter (e.g. a DFlash2 drafter for the same target).
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ class Family:
     name: str
     architecture: str  # config.json `architectures[0]`, what the preflight reads
     make_target: Callable[[dict[str, int]], object]
-    drafter: str = "dflash"  # the drafter row: "dflash", or "dflash-window" (served with a draft window)
     notes: str = ""
-    drafter_overrides: dict = field(default_factory=dict)
+    drafter_overrides: dict = field(default_factory=dict)  # merged into the plain drafter's config.json
+    # writes the drafter instead of the plain DFlash one: (drafter config, out dir, target dir, seed) -> None
+    make_drafter: Callable[[dict, Path, Path, int], None] | None = None
     dtype: str = "bfloat16"  # the checkpoint's dtype
 
 
@@ -86,10 +88,10 @@ def _qwen3_moe(ids):
 def _gemma4(ids):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
-    common = _common(ids) | {"tie_word_embeddings": False}
-    cfg = Gemma4TextConfig(intermediate_size=128, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                           sliding_window=SLIDING_WINDOW, hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
-                           per_layer_config={}, **common)
+    cfg = Gemma4TextConfig(intermediate_size=128, sliding_window=SLIDING_WINDOW,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                           hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB, per_layer_config={},
+                           **_common(ids))
     return Gemma4ForCausalLM(cfg)
 
 
@@ -155,7 +157,10 @@ def build(name: str, out_dir: str | Path, *, block_size: int = 8, seed: int = 0,
     dcfg = drafter_config(tcfg | shape, num_layers=2, block_size=block_size, target_layer_ids=[0, 1],
                           mask_token_id=ids["<|mask|>"])
     dcfg |= family.drafter_overrides
-    save_drafter(draft_dir, dcfg, random_drafter_weights(dcfg, seed + 1), tokenizer_dir=target_dir)
+    if family.make_drafter is not None:
+        family.make_drafter(dcfg, draft_dir, target_dir, seed + 1)
+    else:
+        save_drafter(draft_dir, dcfg, random_drafter_weights(dcfg, seed + 1), tokenizer_dir=target_dir)
     return {"target": target_dir, "drafter": draft_dir}
 
 
