@@ -15,7 +15,7 @@ from pathlib import Path
 
 from service.config import ConfigError, Device, ServeConfig
 from service.sglang_args import CPU_DEFAULTS
-from sglang_ext import names, refusals
+from sglang_ext import names, refusals, support
 from sglang_ext.sampling_refusals import lossy_sampling
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -42,6 +42,18 @@ def _read_config(directory: Path, field: str) -> dict:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{field}: {cfg} is not valid JSON: {e}") from None
     return data.get("text_config", data) | {k: v for k, v in data.items() if k == "dflash_config"}
+
+
+def _architecture(directory: Path) -> str | None:
+    """config.json `architectures[0]` (the model class SGLang loads), read after _read_config checked the file."""
+    archs = json.loads((directory / "config.json").read_text()).get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+def _checkpoint_dtype(directory: Path) -> str | None:
+    raw = json.loads((directory / "config.json").read_text())
+    value = raw.get("dtype", raw.get("torch_dtype"))
+    return value if isinstance(value, str) else None
 
 
 def _safetensors_shapes(directory: Path) -> dict[str, list[int]]:
@@ -75,6 +87,13 @@ def check(config: ServeConfig) -> PreflightReport:
     hidden = _get_int(target, "hidden_size", "model.path", config.model.path)
     vocab = _get_int(target, "vocab_size", "model.path", config.model.path)
     spec = config.speculative
+    arch = _architecture(config.model.path)
+    why = support.target_refusal(arch, spec.algorithm)
+    if why is not None:
+        raise ConfigError(f"model.path: {why}")
+    why = support.dtype_refusal(arch, config.model.dtype, _checkpoint_dtype(config.model.path))
+    if why is not None:
+        raise ConfigError(f"model.dtype: {why}")
     if spec.algorithm == "none":
         return PreflightReport(n_layers, hidden, vocab, None, None)
 
@@ -83,9 +102,15 @@ def check(config: ServeConfig) -> PreflightReport:
             raise ConfigError(f"sglang_args.{key}: DFlash's verify does not apply SGLang's watermark, so outputs would "
                               f"silently carry none; serve watermarked traffic with speculative.algorithm: none")
     check_sampling_defaults(config)
+    why = support.draft_window_refusal(config.sglang_args, spec.algorithm)
+    if why is not None:
+        raise ConfigError(f"sglang_args.speculative_draft_window_size: {why}")
     where = spec.draft_model_path
     field = "speculative.draft_model_path"
     draft = _read_config(where, field)
+    why = support.drafter_refusal(_architecture(where), spec.algorithm)
+    if why is not None:
+        raise ConfigError(f"{field}: {why}")
     if not list(where.glob("*.safetensors")):
         raise ConfigError(f"{field}: no *.safetensors weights in {where}")
     d_hidden = _get_int(draft, "hidden_size", field, where)
@@ -104,6 +129,9 @@ def check(config: ServeConfig) -> PreflightReport:
     if bad:
         raise ConfigError(f"{field}: dflash_config.target_layer_ids {bad} out of range for a target with "
                           f"{n_layers} layers (valid: 0..{n_layers - 1})")
+    why = support.last_layer_refusal(arch, layer_ids, n_layers)
+    if why is not None:
+        raise ConfigError(f"{field}: {why}")
     mask = dflash.get("mask_token_id")
     if mask is not None and not (isinstance(mask, int) and 0 <= mask < vocab):
         raise ConfigError(f"{field}: dflash_config.mask_token_id {mask} is outside the target vocabulary (0..{vocab - 1})")
@@ -114,10 +142,7 @@ def check(config: ServeConfig) -> PreflightReport:
     if block > draft_block:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
-    if spec.algorithm == "dflash_adaptive":
-        why = refusals.selector_drafter_refusal(draft)
-        if why is not None:
-            raise ConfigError(f"{field}: {where} {why}")
+    if spec.algorithm == "dflash_adaptive":  # a DFlash2 (selector) drafter: support.drafter_refusal, above
         _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args,
                         hybrid=refusals.is_hybrid_target(target))
     fc = _safetensors_shapes(where).get("fc.weight")

@@ -32,6 +32,9 @@ CPU_DEFAULTS = {
     "cuda_graph_backend_decode": "disabled",
     "cuda_graph_backend_prefill": "disabled",
     "sleep_on_idle": True,
+    # one KV pool for every layer: the CPU layer's attention (sglang_ext/cpu/attention.py) reads a sliding-window
+    # layer's keys at the full pool's slots; SGLang's separate sliding-window pool would need them translated
+    "disable_hybrid_swa_memory": True,
 }
 
 

@@ -94,18 +94,6 @@ def hybrid_per_request_widths_refusal() -> str:
             "the whole batch, and a ragged verify packs several; set it false")
 
 
-def selector_drafter_refusal(draft_config: dict) -> str | None:
-    """Why dflash_adaptive cannot serve this drafter's head (None: a plain DFlash drafter). A DFlash2 drafter
-    (dflash_config.selector_rank) proposes the path its candidate selector picks, not the block's greedy tokens the
-    adaptive steps verify and learn from."""
-    dflash = draft_config.get("dflash_config") or {}
-    arch = (draft_config.get("architectures") or [""])[0]
-    if dflash.get("selector_rank") or arch.startswith("DFlash2"):
-        return ("is a DFlash2 drafter (its candidate selector picks the proposed path), which dflash_adaptive does not "
-                "verify yet: serve this pair with speculative.algorithm: dflash")
-    return None
-
-
 def hybrid_device_refusal(device: str) -> str | None:
     """Why a hybrid target cannot be served by dflash_adaptive on this device (None: it can)."""
     if device == "cpu":

@@ -18,8 +18,9 @@ and Prometheus -- is controller_loop.py's (no torch, no SGLang). Feedback needs 
 block and committed tokens are copied to the host asynchronously; SGLang calls ``on_verify_complete_cpu`` after its
 own copy-done sync, in launch order, and the loop reads them then.
 
-Supported drafters: plain DFlash (z-lab format). Heads that propose differently (selector, LiLiCorr, Domino) and a
-draft sliding window are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
+Supported drafters: plain DFlash (z-lab format); targets: the support matrix's families (sglang_ext/support.py,
+docs/MODELS.md). Heads that propose differently (selector, LiLiCorr, Domino), a draft sliding window and targets
+outside the matrix are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
 targets are served at chain widths on CPU: the verify keeps every position's recurrent state aside and upstream's
 commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request widths and GPUs are refused.
 """
@@ -35,7 +36,7 @@ import sglang.srt.speculative.dflash_worker_v2 as upstream
 from sglang.srt.runtime_context import get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from sglang_ext import names, refusals
+from sglang_ext import names, refusals, support
 from sglang_ext.controller.policy import Decision, calibrated_widths
 from sglang_ext.controller_loop import ControllerLoop
 from sglang_ext.settings import AdaptiveSettings, adaptive_settings
@@ -115,6 +116,11 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                              f"unset it or {fix}")
         if upstream.get_parallel().attn_dp_enabled:
             raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
+        # the support matrix, as the preflight applies it (sglang_ext/support.py), for a server started without it
+        archs = getattr(self.target_worker.model_runner.model_config.hf_config, "architectures", None) or [None]
+        why = support.target_refusal(archs[0], names.ALGORITHM.lower())
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE: {why}")
 
     def _checked_trees(self, settings: AdaptiveSettings, tp_size: int) -> bool:
         """Whether any candidate width verifies a tree; refused where trees are not built (the preflight's rule)."""

@@ -96,8 +96,9 @@ def make_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix
 
 
 def attend(plan: BlockPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           scaling: float | None = None) -> torch.Tensor:
-    """q: [bs * block, Hq, D] -> [bs * block, Hq, Dv]. The block's own K/V must already be cached."""
+           scaling: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [bs * block, Hq, D] -> [bs * block, Hq, Dv]. The block's own K/V must already be cached. sinks ([Hq],
+    gpt-oss): a per-head logit in every row's softmax with no value (``with_sinks``)."""
     bs, block, n_kv = plan.bs, plan.block, plan.max_len
     if bs == 0:
         return q.new_empty((0, q.shape[1], v_cache.shape[-1]))
@@ -110,7 +111,23 @@ def attend(plan: BlockPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         key, value = key.to(query.dtype), value.to(query.dtype)
     out = scaled_dot_product_attention(query, key, value, attn_mask=plan.mask, scale=scaling,
                                        enable_gqa=query.shape[1] != key.shape[1])
+    if sinks is not None:
+        out = with_sinks(out, query, key, plan.mask, scaling, sinks)
     return out.transpose(1, 2).reshape(bs * block, q.shape[1], value.shape[-1])
+
+
+def with_sinks(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float | None, sinks: torch.Tensor) -> torch.Tensor:
+    """SDPA's output [bs, Hq, n, Dv] as if each head's softmax had one more logit, sinks[h], whose value is zero:
+    softmax over (scores, sink) = softmax(scores) * sigmoid(logsumexp(scores) - sink)."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if key.shape[1] != query.shape[1]:
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale  # [bs, Hq, n, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return out * torch.sigmoid(lse - sinks.float().view(1, -1, 1, 1)).to(out.dtype)
 
 
 def ragged_plans(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
@@ -122,11 +139,12 @@ def ragged_plans(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, pre
 
 
 def attend_groups(groups: list[tuple[torch.Tensor, BlockPlan]], q: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+                  v_cache: torch.Tensor, scaling: float | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``attend`` of a ragged block's packed q [sum(lens), Hq, D], one group at a time."""
     out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
     for rows, plan in groups:
-        out.index_copy_(0, rows, attend(plan, q.index_select(0, rows), k_cache, v_cache, scaling))
+        out.index_copy_(0, rows, attend(plan, q.index_select(0, rows), k_cache, v_cache, scaling, sinks))
     return out
 
 

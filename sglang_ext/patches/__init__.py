@@ -31,6 +31,7 @@ ALL_DEVICES: tuple[tuple[str, str], ...] = (
 # applied only when the CPU layer is active (DFLASH_SERVE_CPU=1)
 CPU_ONLY: tuple[tuple[str, str], ...] = (
     ("cpu_layer", "DFlash on device cpu: server args, attention, sampling, dtype"),
+    ("cpu_families", "Gemma 4 and gpt-oss on device cpu: sliding windows and attention sinks in torch_native"),
 )
 
 _applied: list[str] = []

@@ -180,14 +180,15 @@ def _torch_native_block_attention() -> None:
         from sglang.srt.layers.radix_attention import AttentionType
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        from sglang_ext.cpu.attention import attend, attend_groups, make_plan, ragged_plans
+        from sglang_ext.cpu.attention import RaggedBlock, attend, attend_groups, make_plan, ragged_plans
 
-        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, causal, ragged=None):
+        def run(self, q, k, v, layer, fb, save_kv_cache, *, block, causal, ragged=None, prefix_lens=None,
+                sinks=None):
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
             window = layer.sliding_window_size if causal and layer.sliding_window_size not in (None, -1) else None
             plans = fb.__dict__.setdefault("_dflash_serve_block_plans", {})
-            key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window)
+            key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window, prefix_lens is None)
             q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
             k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
             v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
@@ -195,8 +196,9 @@ def _torch_native_block_attention() -> None:
                 groups = plans.get(key)
                 if groups is None:
                     groups = plans[key] = ragged_plans(self.req_to_token_pool.req_to_token, fb.req_pool_indices,
-                                                       fb.seq_lens, ragged, causal=causal, sliding_window=window)
-                out = attend_groups(groups, q, k_buf, v_buf, layer.scaling)
+                                                       fb.seq_lens if prefix_lens is None else prefix_lens, ragged,
+                                                       causal=causal, sliding_window=window)
+                out = attend_groups(groups, q, k_buf, v_buf, layer.scaling, sinks)
                 return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
             plan = plans.get(key)
             if plan is None:
@@ -205,13 +207,23 @@ def _torch_native_block_attention() -> None:
                 plan = plans[key] = make_plan(self.req_to_token_pool.req_to_token, fb.req_pool_indices, prefix_lens,
                                               block, causal=causal, sliding_window=window,
                                               tree=tree_mask(fb, block) if causal else None)
-            out = attend(plan, q, k_buf, v_buf, layer.scaling)
+            out = attend(plan, q, k_buf, v_buf, layer.scaling, sinks)
             return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
         def make_extend(original_extend):
             def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-                if not forward_batch.forward_mode.is_target_verify() or layer.is_cross_attention:
+                # gpt-oss passes its attention sinks; upstream's torch-native methods take no such argument
+                sinks = kwargs.pop("sinks", None)
+                if layer.is_cross_attention:
                     return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+                if not forward_batch.forward_mode.is_target_verify():
+                    if sinks is None:
+                        return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+                    # a prefill or extend with sinks: each request's new tokens are a ragged block after its prefix
+                    lens = forward_batch.extend_seq_lens.long()
+                    return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=int(lens.max()),
+                               causal=True, ragged=RaggedBlock.of(lens, int(lens.max())),
+                               prefix_lens=forward_batch.extend_prefix_lens, sinks=sinks)
                 bs = forward_batch.seq_lens.shape[0]
                 rows = q.shape[0]
                 causal = layer.attn_type != AttentionType.ENCODER_ONLY
@@ -221,18 +233,20 @@ def _torch_native_block_attention() -> None:
                         raise ValueError(f"ragged TARGET_VERIFY batch has {rows} query rows, its layout "
                                          f"{ragged.rows.shape[0]}")
                     return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=ragged.block,
-                               causal=causal, ragged=ragged)
+                               causal=causal, ragged=ragged, sinks=sinks)
                 if rows % bs:
                     raise ValueError(f"TARGET_VERIFY batch has {rows} query rows for {bs} requests (not a multiple)")
-                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal)
+                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=rows // bs, causal=causal,
+                           sinks=sinks)
 
             return forward_extend
 
         def make_decode(original_decode):
             def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+                sinks = kwargs.pop("sinks", None)
                 if layer.is_cross_attention:
                     return original_decode(self, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=1, causal=True)
+                return run(self, q, k, v, layer, forward_batch, save_kv_cache, block=1, causal=True, sinks=sinks)
 
             return forward_decode
 

@@ -64,8 +64,8 @@ def test_a_dflash2_drafter_is_refused_with_the_reason_and_the_fix(tmp_path, hybr
     cfg["architectures"] = ["DFlash2DraftModel"]
     cfg["dflash_config"] |= {"conv_kernel_size": 3, "conv_group_size": 4, "selector_rank": 8, "selector_top_k": 4}
     (drafter / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: .* is a DFlash2 drafter .*serve this pair "
-                                          r"with speculative.algorithm: dflash"):
+    with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: drafter architecture DFlash2DraftModel: its "
+                                          r"candidate-selector head .*serve it with speculative.algorithm: dflash"):
         _check(tmp_path, {"target": hybrid_pair["target"], "drafter": drafter}, candidates=[1, 2, 4, 8])
 
 

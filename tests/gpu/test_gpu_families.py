@@ -1,0 +1,55 @@
+"""On a CUDA GPU: every target family of the support matrix (docs/MODELS.md) served by `dflash_adaptive` in cycle
+mode (every width, switching every step; per-width verify CUDA graphs) emits what plain decoding emits. The tiny
+random pairs are built on the machine from transformers' config classes (dflash_models/families.py: no model hub),
+served in fp32 with Triton attention (the backend SGLang accepts for every family here, sliding windows and
+gpt-oss's sinks included, and one that runs fp32), so greedy outputs compare token for token.
+`python3 -m pytest tests/gpu/test_gpu_families.py` on any CUDA GPU; skipped elsewhere (tests/gpu/conftest.py)."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.server import ManagedServer
+from tests.conftest import PROMPTS
+
+FAMILIES = ("qwen3", "llama3", "qwen3_moe", "gemma4", "gpt_oss")
+MAX_NEW = 24
+
+
+def _config(pair: dict, speculative: dict) -> dict:
+    return {
+        "model": {"path": str(pair["target"]), "dtype": "float32", "served_name": "tiny"},
+        "server": {"host": "127.0.0.1", "device": "cuda", "metrics": True, "max_running_requests": 16},
+        "speculative": speculative,
+        "sglang_args": {"attention_backend": "triton", "mem_fraction_static": 0.5},
+    }
+
+
+def _greedy(cfg: dict, workdir: Path, name: str, prompts: list[list[int]]):
+    with ManagedServer(cfg, workdir, name) as server:
+        single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompts]
+        batched = server.generate(prompts, max_new_tokens=MAX_NEW, temperature=0)
+        log = server.log_tail(400)
+    return [r["output_ids"] for r in single], [r["output_ids"] for r in batched], single, log
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_adaptive_cycle_matches_plain_decoding_on_gpu(family):
+    from transformers import AutoTokenizer
+
+    from dflash_models import families
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pair = families.build(family, Path(tmp) / family)
+        tok = AutoTokenizer.from_pretrained(str(pair["target"]))
+        prompts = [tok(p)["input_ids"] for p in PROMPTS[:4]]
+        base, base_batched, _, _ = _greedy(_config(pair, {"algorithm": "none"}), Path(tmp), f"{family}-plain",
+                                           prompts)
+        cycle = {"algorithm": "dflash_adaptive", "draft_model_path": str(pair["drafter"]),
+                 "adaptive": {"mode": "cycle", "candidates": [1, 2, 4, 8]}}
+        spec, spec_batched, single, log = _greedy(_config(pair, cycle), Path(tmp), f"{family}-cycle", prompts)
+    assert "captured target verify graphs for width" in log, "per-width verify CUDA graphs were not captured"
+    assert spec == base and spec_batched == base_batched == base
+    assert max(r["meta_info"]["spec_accept_length"] for r in single) > 1.2
