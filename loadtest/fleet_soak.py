@@ -207,8 +207,8 @@ def roles(fleet_pid: int) -> dict[int, tuple[str, str]]:
         root = psutil.Process(fleet_pid)
         out[root.pid] = ("fleet", "fleet")
         for child in root.children():
-            cmd = " ".join(child.cmdline())
-            role = "router" if "router_entry" in cmd else next(
+            cmd = " ".join(child.cmdline())  # the router renames itself sglang::router
+            role = "router" if "router" in cmd else next(
                 (f"replica-{i}" for i in range(64) if f"replica-{i}.yaml" in cmd), "other")
             for p in (child, *child.children(recursive=True)):
                 out[p.pid] = (role, p.name())
@@ -247,7 +247,8 @@ async def sampler(fleet, stop: asyncio.Event, every: float, run: Run, t0: float)
         sample: dict = {"t": round(time.monotonic() - t0, 1), "rss": await asyncio.to_thread(rss_sample, fleet.proc.pid)}
         for i, u in enumerate(fleet.replica_urls):
             snap = await asyncio.to_thread(server_metrics.scrape, u, None, 10)
-            sample[f"retracted-{i}"] = server_metrics.total(snap, RETRACTED) if snap else None
+            # the counter appears with the first retraction; None: the replica did not answer (down)
+            sample[f"retracted-{i}"] = (server_metrics.total(snap, RETRACTED) or 0.0) if snap else None
         run.timeline.append(sample)
         try:
             await asyncio.wait_for(stop.wait(), every)
@@ -479,7 +480,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m loadtest.fleet_soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="dflash-serve config (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--max-total-tokens", type=int, default=4096,
+    p.add_argument("--max-total-tokens", type=int, default=2048,
                    help="each replica's KV pool, small enough that decode retracts (default: %(default)s)")
     p.add_argument("--duration", type=float, default=600, help="seconds of load (default: %(default)s)")
     p.add_argument("--users", type=int, default=50)
