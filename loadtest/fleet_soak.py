@@ -256,10 +256,10 @@ async def sampler(fleet, stop: asyncio.Event, every: float, run: Run, t0: float)
             pass
 
 
-async def killer(fleet, at: list[float], t0: float, run: Run, restart_timeout: float) -> None:
+async def killer(fleet, at: list[float], first: int, t0: float, run: Run, restart_timeout: float) -> None:
     for n, when in enumerate(at):
         await asyncio.sleep(max(0.0, t0 + when - time.monotonic()))
-        index = n % len(fleet.replica_urls)
+        index = (first + n) % len(fleet.replica_urls)
         url = fleet.replica_urls[index]
         try:
             load = await asyncio.to_thread(faults.live_load, url, fleet.headers)
@@ -358,12 +358,13 @@ async def soak(args) -> dict:
     fleet.start()
     startup = time.monotonic() - started
     try:
-        return await _soak(args, fleet, startup)
+        return await run_against(args, fleet, startup)
     finally:
         fleet.stop()
 
 
-async def _soak(args, fleet, startup: float) -> dict:
+async def run_against(args, fleet, startup: float | None = None) -> dict:
+    """The soak against a started `ManagedFleet` (one with an API and an admin key): the report."""
     url, headers = fleet.url, fleet.headers
     model = json.loads(faults.send(url, "GET", "/v1/models", None, headers)[1])["data"][0]["id"]
     prompts = load_prompts(args.dataset)
@@ -375,7 +376,7 @@ async def _soak(args, fleet, startup: float) -> dict:
     deadline = t0 + args.duration
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler(fleet, stop, args.sample_every, run, t0))
-    kills = asyncio.create_task(killer(fleet, [f * args.duration for f in args.kill_at], t0, run,
+    kills = asyncio.create_task(killer(fleet, [f * args.duration for f in args.kill_at], args.first_replica, t0, run,
                                        args.restart_timeout))
     print(f"fleet-soak: {args.users} users for {args.duration:.0f}s through {url} (model {model})", flush=True)
 
@@ -433,7 +434,7 @@ async def _soak(args, fleet, startup: float) -> dict:
     lat = sorted(o.end - o.start for o in normal_ok)
     return {
         "config": str(args.config), "replicas": args.replicas, "users": args.users, "duration_s": args.duration,
-        "max_total_tokens": args.max_total_tokens, "fleet_startup_s": round(startup, 1),
+        "max_total_tokens": args.max_total_tokens, "fleet_startup_s": None if startup is None else round(startup, 1),
         "load_seconds": round(load_end, 1),
         "requests": dict(Counter(o.kind for o in run.outcomes)),
         "outcomes": dict(Counter(f"{o.kind}:{o.klass}" for o in run.outcomes)),
@@ -486,6 +487,7 @@ def parse_args(argv=None):
     p.add_argument("--users", type=int, default=50)
     p.add_argument("--kill-at", type=float, nargs="*", default=[0.3, 0.6],
                    help="fractions of the run at which a replica is killed, replica 0, 1, ... in turn")
+    p.add_argument("--first-replica", type=int, default=0, help="the replica the first kill takes")
     p.add_argument("--disconnect-share", type=float, default=0.15)
     p.add_argument("--bad-share", type=float, default=0.15)
     p.add_argument("--max-tokens", type=int, default=64, help="normal requests draw from [max/4, max]")

@@ -166,6 +166,24 @@ def test_a_killed_replica_costs_only_its_in_flight_requests_and_rejoins(fleet, t
     assert replica_requests(fleet.replica_urls[0]) > 0, "the restarted replica got no request"
 
 
+def test_a_short_fault_soak_through_the_router_loses_nothing(fleet):
+    """loadtest/fleet_soak.py's load on this fleet, short: a few users streaming, vanishing mid-stream and sending
+    malformed and oversized bodies while replica 1 is killed and restarted. Only the requests in flight on the
+    killed replica may fail; nothing is left unanswered. (The 10-minute, 50-user run with KV pressure:
+    docs/RELIABILITY.md.)"""
+    import asyncio
+
+    from loadtest import fleet_soak
+
+    args = fleet_soak.parse_args(["--users", "4", "--duration", "40", "--kill-at", "0.3", "--first-replica", "1",
+                                  "--drain-timeout", "120", "--restart-timeout", "240", "--settle", "0"])
+    report = asyncio.run(fleet_soak.run_against(args, fleet))
+    detail = json.dumps({k: report[k] for k in ("outcomes", "kills", "failure_samples")}, default=str)[:3000]
+    assert report["unexpected"] == 0 and report["lost"] == 0, detail
+    assert report["requests"]["normal"] > 0 and report["outcomes"].get("disconnect:ok", 0) > 0, detail
+    assert report["kills"][0]["router_again"] is not None, detail
+
+
 def _stream(url: str, model: str, out: list, errors: list, started: threading.Event) -> None:
     from openai import OpenAI
 
