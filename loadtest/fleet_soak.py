@@ -58,6 +58,7 @@ DEFAULT_CONFIG = REPO / "deploy" / "configs" / "cpu.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "fleet-soak"
 KEY_ENV, ADMIN_ENV = "DFLASH_FLEET_SOAK_KEY", "DFLASH_FLEET_SOAK_ADMIN_KEY"
 RETRACTED = "sglang:num_retracted_requests_total"
+REQUESTS = "sglang:num_requests_total"
 
 
 @dataclass
@@ -247,8 +248,9 @@ async def sampler(fleet, stop: asyncio.Event, every: float, run: Run, t0: float)
         sample: dict = {"t": round(time.monotonic() - t0, 1), "rss": await asyncio.to_thread(rss_sample, fleet.proc.pid)}
         for i, u in enumerate(fleet.replica_urls):
             snap = await asyncio.to_thread(server_metrics.scrape, u, None, 10)
-            # the counter appears with the first retraction; None: the replica did not answer (down)
+            # a counter appears with its first increment; None: the replica did not answer (down)
             sample[f"retracted-{i}"] = (server_metrics.total(snap, RETRACTED) or 0.0) if snap else None
+            sample[f"requests-{i}"] = (server_metrics.total(snap, REQUESTS) or 0.0) if snap else None
         run.timeline.append(sample)
         try:
             await asyncio.wait_for(stop.wait(), every)
@@ -329,17 +331,15 @@ def rss_checks(run: Run, args, load_seconds: float) -> tuple[list[dict], dict]:
     return checks, per_role
 
 
-def retractions(run: Run, replicas: int) -> int:
-    """Requests retracted over the run, summed over the replicas' counters (a restart resets one)."""
-    total = 0
-    for i in range(replicas):
-        prev = None
-        for s in run.timeline:
-            v = s.get(f"retracted-{i}")
-            if v is None:
-                continue
-            total += int(v - prev) if prev is not None and v >= prev else int(v) if prev is not None else 0
-            prev = v
+def counted(run: Run, replica: int, name: str = "retracted") -> int:
+    """How much a replica's counter (sampled as `name-i`) grew over the run; a restart resets it."""
+    total, prev = 0, None
+    for s in run.timeline:
+        v = s.get(f"{name}-{replica}")
+        if v is None:
+            continue
+        total += int(v - prev) if prev is not None and v >= prev else int(v) if prev is not None else 0
+        prev = v
     return total
 
 
@@ -445,7 +445,8 @@ async def run_against(args, fleet, startup: float | None = None) -> dict:
         "completion_tokens": sum(o.tokens for o in normal_ok),
         "normal_latency_s": {"p50": round(statistics.median(lat), 2) if lat else None,
                              "p99": round(lat[int(0.99 * (len(lat) - 1))], 2) if lat else None},
-        "retracted_requests": retractions(run, args.replicas),
+        "retracted_requests": sum(counted(run, i) for i in range(len(fleet.replica_urls))),
+        "requests_by_replica": [counted(run, i, "requests") for i in range(len(fleet.replica_urls))],
         "kills": [asdict(k) for k in run.kills], "rss_by_role": per_role, "idle": idle,
         "failure_samples": [asdict(o) for o in (unexpected + lost)[:50]],
         "killed_in_flight_samples": [asdict(o) for o in run.outcomes if o.klass == "killed-in-flight"][:20],
@@ -459,7 +460,8 @@ def print_report(r: dict) -> None:
           f"{r['load_seconds']}s of load")
     rows = [("requests", r["requests"]), ("outcomes", r["outcomes"]), ("bad-body statuses", r["bad_statuses"]),
             ("disconnects", r["disconnects"]), ("unexpected errors", r["unexpected"]), ("lost requests", r["lost"]),
-            ("retracted requests", r["retracted_requests"]), ("completion tokens", r["completion_tokens"]),
+            ("retracted requests", r["retracted_requests"]), ("requests by replica", r["requests_by_replica"]),
+            ("completion tokens", r["completion_tokens"]),
             ("normal latency s", r["normal_latency_s"])]
     for k in r["kills"]:
         rows.append((f"kill replica-{k['replica']} t={k['t']:.0f}s",

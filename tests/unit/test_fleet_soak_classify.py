@@ -3,7 +3,7 @@ in flight at a kill, and only as many as the killed replica held; a request sent
 counts against the fleet."""
 from __future__ import annotations
 
-from loadtest.fleet_soak import Kill, Outcome, Run, classify, retractions
+from loadtest.fleet_soak import Kill, Outcome, Run, classify, counted
 
 
 def outcome(kind: str, start: float, end: float | None, result: str = "failed") -> Outcome:
@@ -35,4 +35,4 @@ def test_a_request_never_answered_is_lost_even_across_a_kill():
 def test_retractions_are_summed_across_a_replica_restart():
     run = Run(timeline=[{"retracted-0": 0.0}, {"retracted-0": 5.0}, {"retracted-0": None}, {"retracted-0": 2.0},
                         {"retracted-0": 4.0}])
-    assert retractions(run, 1) == 5 + 2 + 2
+    assert counted(run, 0) == 5 + 2 + 2
