@@ -351,8 +351,11 @@ async def soak(args) -> dict:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dflash-fleet-soak-"))
     keys = {KEY_ENV: "sk-soak-" + os.urandom(8).hex(), ADMIN_ENV: "sk-soak-admin-" + os.urandom(8).hex()}
+    env = dict(keys)
+    if args.retract_interval:  # SGLang's forced retraction: a real storm of retract/re-prefill on every replica
+        env |= {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(args.retract_interval)}
     fleet = ManagedFleet(fleet_config(Path(args.config), args.max_total_tokens), workdir, "fleet-soak",
-                         replicas=args.replicas, env=keys)
+                         replicas=args.replicas, env=env)
     print(f"fleet-soak: starting {args.replicas} replicas of {args.config} (log in {fleet.log_path})", flush=True)
     started = time.monotonic()
     fleet.start()
@@ -434,7 +437,7 @@ async def run_against(args, fleet, startup: float | None = None) -> dict:
     lat = sorted(o.end - o.start for o in normal_ok)
     return {
         "config": str(args.config), "replicas": args.replicas, "users": args.users, "duration_s": args.duration,
-        "max_total_tokens": args.max_total_tokens, "fleet_startup_s": None if startup is None else round(startup, 1),
+        "max_total_tokens": args.max_total_tokens, "retract_interval": args.retract_interval, "fleet_startup_s": None if startup is None else round(startup, 1),
         "load_seconds": round(load_end, 1),
         "requests": dict(Counter(o.kind for o in run.outcomes)),
         "outcomes": dict(Counter(f"{o.kind}:{o.klass}" for o in run.outcomes)),
@@ -485,6 +488,9 @@ def parse_args(argv=None):
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--max-total-tokens", type=int, default=2048,
                    help="each replica's KV pool, small enough that decode retracts (default: %(default)s)")
+    p.add_argument("--retract-interval", type=int, default=25,
+                   help="SGLang retracts decode requests every this many forward steps on each replica "
+                        "(SGLANG_TEST_RETRACT; 0: only when the pool is really full)")
     p.add_argument("--duration", type=float, default=600, help="seconds of load (default: %(default)s)")
     p.add_argument("--users", type=int, default=50)
     p.add_argument("--kill-at", type=float, nargs="*", default=[0.3, 0.6],
