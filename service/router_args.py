@@ -26,16 +26,18 @@ OWNED = {
 
 # Defaults that differ from the router's own (measured with a replica killed under load, tests/integration/
 # test_fleet.py). Cache-aware routing retries a failed request on the replica whose cache matches it, i.e. the
-# dead one again: with the circuit breaker's default of 10 failures, all 6 attempts (1 + 5 retries) hit it and
-# requests sent *after* the crash failed; opening the breaker after 3 sends the rest of the attempts elsewhere.
-# Its health check runs every 60 s (3 failures to mark a worker down, 2 successes to bring it back), so a
-# restarted replica waited minutes to rejoin; 10 s bounds it, as does the breaker's 20-s re-trial. Its
+# dead one again: all 6 attempts (1 + 5 retries) of a request hit it until the circuit breaker opens after
+# `cb_failure_threshold` failures. The breaker is left at the router's 10: it also counts every 4xx a replica
+# answers as that replica's failure, and at 3 a few malformed bodies in a row took a healthy replica out of
+# rotation for the breaker's 20 s -- with the other replica down, every client got 503 "no available workers"
+# (loadtest/fleet_soak.py, docs/RELIABILITY.md). Its health check runs every 60 s (3 failures to mark a worker
+# down, 2 successes to bring it back), so a restarted replica waited minutes to rejoin; 10 s bounds it, as does
+# the breaker's 20-s re-trial. Its
 # per-request INFO lines would drown the replicas' logs in the fleet's output. The fleet starts the router before
 # the replicas (it holds its port from the start; clients get 503 rather than a refused connection while the
 # models load), and the router checks every 30 s whether a worker it waits for is up: 1 s makes it ready with them.
-DEFAULTS: dict[str, Any] = {"health_check_interval_secs": 10, "cb_failure_threshold": 3,
-                            "cb_timeout_duration_secs": 20, "worker_startup_check_interval": 1,
-                            "log_level": "warn"}
+DEFAULTS: dict[str, Any] = {"health_check_interval_secs": 10, "cb_timeout_duration_secs": 20,
+                            "worker_startup_check_interval": 1, "log_level": "warn"}
 
 
 @functools.lru_cache(maxsize=1)

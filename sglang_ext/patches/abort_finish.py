@@ -8,7 +8,16 @@ abort_request or a client disconnect), pushed out of a full queue -- is reported
 controller kept its per-request state for good. Nor does a request that finishes in a prefill result
 (`SchedulerBatchResultProcessor.process_batch_result_prefill`): a retracted request keeps its controller state
 while re-queued, and one aborted while its re-prefill runs (SGLang's `to_finish`) ends there. This notifies the
-worker on both paths as well (natural_stop False); a request the worker never saw is a no-op for it. Retired by:
+worker on both paths as well (natural_stop False); a request the worker never saw is a no-op for it.
+
+Every way a request leaves 0.5.23's scheduler (outside disaggregation) and what tells the worker: a decode result
+(upstream); a prefill result -- a first prefill that already finishes it, a re-prefill after retraction, an abort
+while running (`to_finish`) that a retraction turned into one -- (this patch); `send_abort_output` -- aborted
+inside `retract_decode`, while queued (method 1 of `abort_request`, retracted requests included), during chunked
+prefill, by a full queue or a refused priority -- (this patch). A request aborted while running ends in the next
+decode or prefill result; waiting and running timeouts go through `abort_request`. Not covered: a decode result
+whose sampling mask the backend reports invalid (`_handle_sampling_mask_abort`; DFlash serves
+`return_sampling_mask`, but no test here can make the backend fail). Retired by:
 upstream calling `note_request_finished` for every request that leaves the scheduler, results of any forward mode
 or aborts.
 """

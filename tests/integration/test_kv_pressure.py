@@ -17,13 +17,7 @@ import pytest
 from harness.server import http_json
 from tests.integration.test_adaptive import adaptive_config, by_label, scrape
 
-# Known bug, issue 37: in some runs one request's controller state (dflash_live_request_states) or KV is still
-# held 60 s after the storm or the aborts (how often: the issue note); which exit path keeps it is not found yet. Skipped, not deleted,
-# so CI stays green while the next session runs it (drop SKIP from pytestmark) and finds the path.
-SKIP = pytest.mark.skip(reason="intermittent: a controller state or KV slot outlives the retraction storm or the "
-                        "aborts in some runs (issue 37, cause not found yet)")
-
-pytestmark = [pytest.mark.server, SKIP]
+pytestmark = [pytest.mark.server]
 
 MAX_NEW = 160
 CONCURRENT = 12

@@ -120,7 +120,8 @@ def test_router_arguments_pass_through_and_defaults_yield_to_them(random_pair, m
     assert argv_value(a, "--policy") == ["power_of_two"] and argv_value(a, "--prometheus-port") == ["29100"]
     assert argv_value(a, "--cache-threshold") == ["0.3"] and "--disable-retries" in a
     assert argv_value(a, "--health-check-interval-secs") == ["3"]  # the config's, not the fleet's default
-    assert argv_value(a, "--cb-failure-threshold") == ["3"]        # the fleet's default
+    assert argv_value(a, "--cb-timeout-duration-secs") == ["20"]   # the fleet's default
+    assert "--cb-failure-threshold" not in a                         # the router's own (4xx count as failures)
     assert argv_value(a, "--shutdown-grace-period-secs") == ["42"]  # the router drains as long as the replicas
     # started before the replicas, it waits for them as long as the fleet does, and checks every second
     assert argv_value(a, "--worker-startup-timeout-secs") == ["1800"]
