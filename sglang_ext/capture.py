@@ -69,6 +69,7 @@ class CaptureWriter:
         self.captured = 0
         self.dropped = 0
         self._file = None
+        self._path: Path | None = None
         self._size = 0
         self._last_prune = 0.0
         self._stop = threading.Event()
@@ -94,6 +95,7 @@ class CaptureWriter:
     def _open(self):
         path = self.dir / f"seg-{time.time_ns():020d}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._path = path
         self._size = 0
         return os.fdopen(fd, "a", encoding="utf-8")
 
@@ -119,7 +121,8 @@ class CaptureWriter:
                         self._file.flush()
                 if time.monotonic() - self._last_prune > _PRUNE_EVERY_S:
                     self._prune()
-            except OSError as e:  # a full or read-only disk loses captures, never the server
+            except Exception as e:  # noqa: BLE001 -- a full or read-only disk loses captures, never the server
+                # the type only: the message could carry what was being written
                 logger.warning("dflash capture: write failed (%s); the request is not kept", type(e).__name__)
                 self._file = None
             if item is None:
@@ -142,6 +145,6 @@ class CaptureWriter:
     def _prune(self) -> None:
         self._last_prune = time.monotonic()
         prune(self.dir, self.settings.max_store_bytes, self.settings.max_age_seconds)
-        if self._file is not None and not Path(self._file.name).exists():
+        if self._file is not None and self._path is not None and not self._path.exists():
             self._file.close()  # the open segment alone was over the limit: start a new one
             self._file = None
