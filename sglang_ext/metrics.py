@@ -215,12 +215,13 @@ class DFlashMetrics:
         self._drafter.labels(drafter_version=INITIAL_DRAFTER, **labels).set(1)
 
     def record_drafter(self, version: str | None) -> None:
-        """A hot swap loaded drafter ``version`` (None: unnamed)."""
-        new = version or "unnamed"
-        if new != self.drafter_version:
-            self._drafter.labels(drafter_version=self.drafter_version, **self._labels).set(0)
-        self._drafter.labels(drafter_version=new, **self._labels).set(1)
-        self.drafter_version = new
+        """A draft weight update finished; ``version`` names the drafter it completed (None: a partial update, one
+        chunk of several: not a swap yet)."""
+        if version is None or version == self.drafter_version:
+            return
+        self._drafter.labels(drafter_version=self.drafter_version, **self._labels).set(0)
+        self._drafter.labels(drafter_version=version, **self._labels).set(1)
+        self.drafter_version = version
         self.drafter_swaps.inc()
 
     def flush(self) -> None:

@@ -55,8 +55,8 @@ def _patch(results: ModuleType) -> None:
             out = original(self, req, batch, result, i, logits_output)
             if req.finished() and not isinstance(req.finished_reason, FINISH_ABORT) and not opted_out(req):
                 w = writer()
-                if w is not None and len(req.output_ids) > 1:
-                    w.offer(req.origin_input_ids, req.output_ids, _sampled(req))
+                if w is not None and len(req.output_ids) > 1:  # the ids the client got: past a stop or max_new_tokens cut
+                    w.offer(req.origin_input_ids, req.output_ids_through_stop, _sampled(req))
             return out
 
         return _handle_finish_state_updated_req
