@@ -1,5 +1,5 @@
 """`dflash-serve learn`: the config's `learning:` section turned into the learner's settings, and the learner run as
-its own process (`python -m dflash_models.learn`, so the service package never imports the training code; its
+its own process (`python -m dflash_models.learn`, exec'd in place of `dflash-serve learn`, so the service package never imports the training code; its
 torch threads are `learning.threads`, never the servers').
 
 Servers to hot-swap: `learning.servers`; else with `--fleet` every replica of the config's fleet (the router is not
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,4 +54,5 @@ def run(config: ServeConfig, action: str, fleet: bool = False) -> int:
     path = work / "settings.json"
     path.write_text(json.dumps(s, indent=1) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS=str(s["threads"]))
-    return subprocess.call([sys.executable, "-m", "dflash_models.learn", action, "--settings", str(path)], env=env)
+    # exec, not a child: a signal to `dflash-serve learn` (SIGTERM from a supervisor) reaches the learner itself
+    os.execve(sys.executable, [sys.executable, "-m", "dflash_models.learn", action, "--settings", str(path)], env)
