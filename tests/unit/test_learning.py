@@ -140,3 +140,26 @@ def test_the_gate_refuses_a_randomly_perturbed_drafter():
     assert not d.promote
     assert gate.decide(a.tokens_per_step, a.tokens_per_step, a.tokens_per_step, a.tokens_per_step,
                        margin=0.05, max_original_loss=0.05).promote is False  # the same drafter gains nothing
+
+
+def test_a_drafter_swap_resets_the_controllers_acceptance_priors():
+    """What the old drafter accepted no longer prices the widths: after drafter_changed the global curve is the
+    flat prior's again (a fresh controller's), while the cost table stays."""
+    import numpy as np
+
+    from sglang_ext.controller.config import ControllerConfig
+    from sglang_ext.controller.cost_model import CostModel
+    from sglang_ext.controller.policy import BlockSizeController
+
+    def controller():
+        cfg = ControllerConfig()
+        return BlockSizeController(cfg, CostModel.default(cfg.candidates_for(16)), max_block=16)
+
+    fresh, ctrl = controller(), controller()
+    for _ in range(50):
+        ctrl.observe_step(["a", "b"], 16, np.array([15, 15]), None, [[7] * 16, [7] * 16])
+    assert not np.allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
+    table = ctrl.cost_model.table.copy()
+    ctrl.drafter_changed()
+    np.testing.assert_allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
+    np.testing.assert_array_equal(ctrl.cost_model.table, table)
