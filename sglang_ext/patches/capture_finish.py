@@ -49,11 +49,16 @@ def _sampled(req) -> bool:
 
 def _patch(results: ModuleType) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.runtime_context import get_parallel
+
+    def rank0() -> bool:  # every TP rank processes the same results: one writes
+        return int(get_parallel().tp_rank) == 0
 
     def make(original):
         def _handle_finish_state_updated_req(self, req, batch, result, i, logits_output):
             out = original(self, req, batch, result, i, logits_output)
-            if req.finished() and not isinstance(req.finished_reason, FINISH_ABORT) and not opted_out(req):
+            if req.finished() and not isinstance(req.finished_reason, FINISH_ABORT) and not opted_out(req) \
+                    and rank0():
                 w = writer()
                 if w is not None and len(req.output_ids) > 1:  # the ids the client got: past a stop or max_new_tokens cut
                     w.offer(req.origin_input_ids, req.output_ids_through_stop, _sampled(req))

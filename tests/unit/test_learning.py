@@ -163,3 +163,21 @@ def test_a_drafter_swap_resets_the_controllers_acceptance_priors():
     ctrl.drafter_changed()
     np.testing.assert_allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
     np.testing.assert_array_equal(ctrl.cost_model.table, table)
+
+
+def test_the_learner_exposes_its_progress_on_its_own_registry():
+    from prometheus_client import generate_latest
+
+    from dflash_models.learn.metrics import LearnMetrics
+
+    m = LearnMetrics(port=None)
+    m.rounds.labels(outcome="refused").inc()
+    m.loss.set(0.7)
+    m.tokens.inc(4096)
+    m.set_serving("v0001")
+    m.set_serving("v0002")
+    text = generate_latest(m.registry).decode()
+    for line in ('dflash_learn_rounds_total{outcome="refused"} 1.0', "dflash_learn_loss 0.7",
+                 "dflash_learn_tokens_seen_total 4096.0", 'dflash_learn_serving_info{drafter_version="v0001"} 0.0',
+                 'dflash_learn_serving_info{drafter_version="v0002"} 1.0'):
+        assert line in text, line
