@@ -47,6 +47,12 @@ def _check(a: argparse.Namespace) -> int:
     return 0
 
 
+def _learn(a: argparse.Namespace) -> int:
+    from service import learn
+
+    return learn.run(load_config(a.config), a.action, fleet=a.fleet)
+
+
 # The tiny pair's builder runs as its own process, so the service package never imports dflash_models
 # (tests/unit/test_layering.py); its options are its own. Training the bundled pair is dev tooling, not a command:
 # python -m dflash_models.build from a checkout.
@@ -77,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-sglang-args", action="store_true",
                    help="do not import SGLang to validate sglang_args (fast)")
     c.set_defaults(func=_check)
+    ln = sub.add_parser("learn", help="fine-tune the drafter on captured traffic, gate it, hot-swap it (or roll "
+                                      "back): its own process; docs/LEARNING.md")
+    ln.add_argument("action", nargs="?", default="round", choices=["round", "loop", "rollback", "status"],
+                    help="round (default): one round; loop: a round every learning.interval_seconds; rollback: "
+                         "the previous drafter back on every server; status")
+    ln.add_argument("--config", "-c", required=True, help="the servers' YAML config (its `learning:` section)")
+    ln.add_argument("--fleet", action="store_true", help="swap every replica of the config's fleet")
+    ln.set_defaults(func=_learn)
     sub.add_parser("make-test-models", help="create the tiny random test pair (seconds): OUT_DIR",
                    add_help=False)  # listed in --help; main() runs TRAINING[name]
     return p

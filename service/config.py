@@ -233,16 +233,68 @@ class FleetConfig(_Strict):
     router: RouterConfig = Field(RouterConfig(), description="SGLang's router in front of the replicas.")
 
 
+class LearningConfig(_Strict):
+    """learning: the drafter learns the traffic it serves (docs/LEARNING.md). Off by default. On, every server of
+    this config keeps finished requests' token ids in `store_dir` (bounded), and `dflash-serve learn` -- its own
+    process -- fine-tunes a copy of the serving drafter on them, gates it, and hot-swaps it into the servers."""
+
+    enabled: bool = Field(False, description="Capture served traffic for `dflash-serve learn` (token ids only).")
+    store_dir: ConfigPath | None = Field(
+        None, description="Where the servers keep captured token ids (0700, append-only segments); required when "
+                          "enabled. Per-request opt-out: custom_params {\"dflash_capture\": false}.")
+    work_dir: ConfigPath | None = Field(
+        None, description="The learner's drafter versions, state and decision log; default: store_dir/../learner.")
+    max_store_mb: int = Field(256, gt=0, description="Store size limit; the oldest segments are deleted past it.")
+    max_age_hours: float = Field(168, gt=0, description="Captured requests older than this are deleted.")
+    threads: int = Field(1, ge=1, description="Torch threads of `dflash-serve learn` (its own budget: keep it off "
+                                              "the servers' cores).")
+    steps: int = Field(150, ge=1, description="Fine-tuning steps per learning round.")
+    original_share: float = Field(
+        0.25, ge=0, lt=1, description="Share of each batch drawn from the drafter's original data (regenerated "
+                                      "from its training prompts), so the old domain is not forgotten.")
+    min_sequences: int = Field(48, ge=8, description="Captured requests needed before a round runs.")
+    holdout_fraction: float = Field(0.2, gt=0, lt=1, description="Most recent captured requests held out for "
+                                                                "the gate (never trained on).")
+    promote_margin: float = Field(
+        0.05, ge=0, description="The gate: the candidate's tokens per step on held-out recent traffic must beat "
+                                "the serving drafter's by this fraction.")
+    max_original_loss: float = Field(
+        0.05, ge=0, description="The gate: the candidate may lose at most this fraction of the serving drafter's "
+                                "tokens per step on the original mix.")
+    interval_seconds: float = Field(300, gt=0, description="`dflash-serve learn --loop`: seconds between rounds.")
+    metrics_port: int | None = Field(
+        9401, ge=1, le=65535, description="The learner's own Prometheus /metrics port (null: none).")
+    servers: list[str] | None = Field(
+        None, min_length=1, description="Base URLs the learner hot-swaps (every replica); default: this config's "
+                                        "server, or with `--fleet` every replica of its fleet.")
+
+
 class ServeConfig(_Strict):
     model: ModelConfig = Field(description="The target model.")
     server: ServerConfig = Field(ServerConfig(), description="The HTTP server.")
     speculative: SpeculativeConfig = Field(SpeculativeConfig(), description="Speculative decoding.")
     fleet: FleetConfig = Field(FleetConfig(), description="`dflash-serve fleet`: replicas behind a router.")
+    learning: LearningConfig = Field(LearningConfig(), description="A drafter that learns the traffic it serves.")
     sglang_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Other `sglang serve` arguments by their flag name without dashes "
                     "(e.g. chunked_prefill_size: 512, log_requests: true); validated against SGLang's parser, "
                     "so typos fail at load time.")
+
+
+    @model_validator(mode="after")
+    def _learning_needs(self):
+        lr = self.learning
+        if not lr.enabled:
+            return self
+        if lr.store_dir is None:
+            raise ValueError("learning: store_dir: required when learning is enabled (a directory for the store)")
+        if self.speculative.algorithm == "none":
+            raise ValueError("learning: enabled needs a DFlash drafter (speculative.algorithm dflash or "
+                             "dflash_adaptive)")
+        if self.server.admin_api_key_env is None:
+            raise ValueError("learning: enabled needs server.admin_api_key_env: the hot swap is an admin route")
+        return self
 
 
 def _format(err: ValidationError) -> str:
@@ -251,7 +303,7 @@ def _format(err: ValidationError) -> str:
     msg = first["msg"].removeprefix("Value error, ")
     head, sep, rest = msg.partition(": ")
     if sep and head.isidentifier():  # a nested validator naming its field ("hysteresis: must be ...")
-        loc, msg = f"{loc}.{head}", rest
+        loc, msg = (head if loc == "(top level)" else f"{loc}.{head}"), rest
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see the config reference in docs/CONFIG.md)"
     elif first["type"] == "missing":

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from service import preflight, sglang_args
 from sglang_ext import names as env_names
-from sglang_ext.settings import HttpSettings
+from sglang_ext.settings import CaptureSettings, HttpSettings
 from service.config import ConfigError, Device, ServeConfig
 
 @dataclass(frozen=True)
@@ -60,11 +60,23 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     env.pop(env_names.ADAPTIVE, None)
     env.pop(env_names.SGLANG_ARGS, None)  # only this config's, set by plan()
     env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
+    env.pop(env_names.CAPTURE, None)
+    if config.learning.enabled:
+        env[env_names.CAPTURE] = capture_settings(config).to_json()
     if config.speculative.algorithm == "dflash_adaptive":
         env[env_names.ADAPTIVE] = config.speculative.adaptive_settings().to_json()
         if config.server.device is not Device.cpu:  # per-width verify graphs: size the KV pool after capture
             env.setdefault(env_names.SGLANG_POST_CAPTURE_KV_SIZING, "1")
     return env
+
+
+def capture_settings(config: ServeConfig) -> CaptureSettings:
+    """The servers' capture store from the `learning:` section (validated: enabled means store_dir is set)."""
+    lr = config.learning
+    total = lr.max_store_mb * 1024 * 1024
+    return CaptureSettings(store_dir=str(lr.store_dir), max_store_bytes=total,
+                           max_age_seconds=lr.max_age_hours * 3600.0,
+                           segment_bytes=max(64 * 1024, min(4 * 1024 * 1024, total // 8)))
 
 
 def check_port_free(host: str, port: int, field: str = "server.port") -> None:

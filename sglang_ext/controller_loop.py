@@ -72,6 +72,8 @@ class Metrics(Protocol):
 
     def flush(self) -> None: ...
 
+    def record_drafter(self, version: str | None) -> None: ...
+
     def record_model(self, acceptance: np.ndarray, batch_buckets: Sequence[int], block_sizes: Sequence[int],
                      table: np.ndarray, tree_gain: np.ndarray | None = None,
                      calibration: np.ndarray | None = None) -> None: ...
@@ -228,6 +230,13 @@ class ControllerLoop:
         self.metrics.record_model(self.controller.acceptance_probabilities(), cost.batch_buckets,
                                   cost.block_sizes, cost.table, self.controller.tree_gains(),
                                   self.controller.calibration_ratios())
+
+    def drafter_swapped(self, version: str | None) -> None:
+        """The drafter's weights were replaced: the controller's acceptance priors are reset, the swap counted."""
+        self.controller.drafter_changed()
+        if self.metrics is not None:
+            self.metrics.record_drafter(version)
+            self._publish_model()
 
     def request_finished(self, rid: str) -> None:
         if self.metrics is not None:

@@ -77,6 +77,12 @@ Gauges:
                                           controller scales the width's expected draft tokens by it. Far from 1:
                                           a drafter whose proposals depend on how many positions it drafts.
                                           avg by (block_size, sampling) (dflash_width_calibration)
+  dflash_drafter_info{drafter_version}    1 for the drafter now serving, 0 for those it replaced: "initial" (the
+                                          config's drafter) until a hot swap loads a `dflash-serve learn` version.
+                                          Which version each replica serves: dflash_drafter_info == 1
+Counters (drafter):
+  dflash_drafter_swaps_total              hot swaps of the drafter's weights (promotions and rollbacks).
+                                          Swaps in the last hour: increase(dflash_drafter_swaps_total[1h])
 Histograms:
   dflash_step_seconds{block_size}         wall time of one decode step, start to start of consecutive decode steps
                                           (draft + verify + draft-KV append + SGLang's result processing);
@@ -99,6 +105,7 @@ import numpy as np
 # forward has evicted the caches, and a step writes dozens of them: a cost every step paid (docs/BENCHMARKS.md).
 # The width gauge is still set at once.
 FLUSH_STEPS = 16
+INITIAL_DRAFTER = "initial"  # dflash_drafter_info's version label before any hot swap
 RAGGED = "ragged"  # dflash_step_seconds' block_size label of ragged steps
 SAMPLING_CLASSES = ("greedy", "sampled")  # dflash_width_calibration's sampling label, the controller's PRIOR_CLASSES
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
@@ -201,6 +208,21 @@ class DFlashMetrics:
                                    registry=registry).labels(**labels)
         self._last_block: int | None = None
         self._counted = _Counted(self.max_block)
+        self._drafter = gauge("dflash_drafter_info", "1 for the drafter version serving, 0 for those it replaced",
+                              ["drafter_version"])
+        self.drafter_swaps = counter("dflash_drafter_swaps", "Hot swaps of the drafter's weights").labels(**labels)
+        self.drafter_version = INITIAL_DRAFTER
+        self._drafter.labels(drafter_version=INITIAL_DRAFTER, **labels).set(1)
+
+    def record_drafter(self, version: str | None) -> None:
+        """A draft weight update finished; ``version`` names the drafter it completed (None: a partial update, one
+        chunk of several: not a swap yet)."""
+        if version is None or version == self.drafter_version:
+            return
+        self._drafter.labels(drafter_version=self.drafter_version, **self._labels).set(0)
+        self._drafter.labels(drafter_version=version, **self._labels).set(1)
+        self.drafter_version = version
+        self.drafter_swaps.inc()
 
     def flush(self) -> None:
         """Write what the steps counted since the last write add (FLUSH_STEPS)."""

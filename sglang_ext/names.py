@@ -20,6 +20,9 @@ ADAPTIVE = "DFLASH_SERVE_ADAPTIVE"
 the launcher (service/config.py) and read once by the worker."""
 HTTP = "DFLASH_SERVE_HTTP"
 """JSON of settings.HttpSettings; its presence activates patches/http_guard.py (only under `dflash-serve`)."""
+CAPTURE = "DFLASH_SERVE_CAPTURE"
+"""JSON of settings.CaptureSettings: where and how much served traffic the scheduler keeps for `dflash-serve learn`
+(the `learning:` section); its presence turns capture on (patches/capture_finish.py, capture.py)."""
 API_KEY = "DFLASH_SERVE_SGLANG_API_KEY"
 """The API key on its way to `sglang serve` (service/server_entry.py moves it into argv inside the process and
 deletes it): never on a command line, which every user can read."""

@@ -120,3 +120,51 @@ class HttpSettings:
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"{env.HTTP}: max_request_bytes must be a positive integer or null, got {limit!r}")
         return cls(limit, bool(d.get("check_model", True)))
+
+
+CAPTURE_OPT_OUT_KEY = "dflash_capture"
+"""The per-request opt-out: ``custom_params: {"dflash_capture": false}`` keeps a request out of the store."""
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What the scheduler keeps of served traffic for the drafter's learning (capture.py; docs/LEARNING.md).
+
+    store_dir: the store's directory (append-only JSONL segments of token ids, nothing else).
+    max_store_bytes: the store's size limit: the oldest segments are deleted past it.
+    max_age_seconds: segments older than this are deleted.
+    segment_bytes: a segment is closed (and becomes deletable) at this size.
+    queue_max: finished requests waiting for the writer thread; more are dropped (counted), never waited for.
+    """
+
+    store_dir: str
+    max_store_bytes: int = 256 * 1024 * 1024
+    max_age_seconds: float = 7 * 24 * 3600.0
+    segment_bytes: int = 4 * 1024 * 1024
+    queue_max: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_store_bytes", "segment_bytes", "queue_max"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if not self.max_age_seconds > 0:
+            raise ValueError(f"max_age_seconds: must be > 0, got {self.max_age_seconds!r}")
+        if not self.store_dir:
+            raise ValueError("store_dir: must name a directory")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "CaptureSettings | None":
+        d = _read_json(environ, env.CAPTURE)
+        if d is None:
+            return None
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{env.CAPTURE}: {unknown[0]}: unknown capture setting")
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{env.CAPTURE}: {e}") from None

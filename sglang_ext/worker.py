@@ -250,5 +250,19 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:
         self.loop.complete(num_correct_drafts_per_req, batch_size)
 
+    def drafter_swapped(self, version: str | None) -> None:
+        """The drafter's weights were replaced in place (patches/drafter_swap.py, after SGLang's weight update).
+
+        Upstream's fused context-KV helper (GPU) holds copies of the old K/V projections: rebuilt from the new
+        parameters. The draft KV already written for running requests and cached prefixes is kept, neither rebuilt
+        (the target's hidden states it came from are gone) nor invalidated: the next drafts of those requests read a
+        context the old drafter wrote; every draft is still verified by the target, so the output is unchanged
+        (tests/integration/test_learning_swap.py). The controller's acceptance priors start again from the flat
+        prior."""
+        if getattr(self, "_fused_kv_helper", None) is not None:
+            self._init_fused_kv_helper()
+        self.loop.drafter_swapped(version)
+        logger.info("dflash-serve: drafter weights replaced (version %s); acceptance priors reset", version)
+
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.loop.request_finished(rid)

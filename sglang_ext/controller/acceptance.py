@@ -104,6 +104,15 @@ class AcceptanceStats:
         self.slot_class[slots] = 0
         self.version += 1
 
+    def forget_global(self) -> None:
+        """Drop every class's global counts (back to the flat prior): the drafter they described was replaced.
+        Per-request counts stay: a running request keeps drafting from the context its old drafter wrote."""
+        self.flush_decay()
+        self._a_g[:] = 0.0
+        self._n_g[:] = 0.0
+        self._pg_cache = self._kpg_cache = None
+        self.version += 1
+
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:
         """The prior class of each of ``slots`` (PRIOR_CLASSES in request_state.py)."""
         if not np.array_equal(self.slot_class[slots], classes):

@@ -118,6 +118,11 @@ class BlockSizeController:
         self.steps_decided = 0
         self.skipped_probe_timings = 0
 
+    def drafter_changed(self) -> None:
+        """The drafter was hot-swapped: its global acceptance priors no longer hold (AcceptanceStats.forget_global);
+        the cost table does (a step costs the same whatever the weights)."""
+        self.stats.forget_global()
+
     # -- decision ---------------------------------------------------------------------------------------------
     def decide(self, request_ids: Sequence[Hashable], trees: bool = True,
                sampled: Sequence[bool] | None = None, ragged: bool = False) -> Decision:

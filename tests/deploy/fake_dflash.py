@@ -38,6 +38,8 @@ CONTRACT = {
     "dflash_tree_expected_extra_tokens": ("gauge", ("budget", "sampling")),
     "dflash_width_calibration": ("gauge", ("block_size", "sampling")),
     "dflash_step_cost_seconds": ("gauge", ("batch_bucket", "block_size")),
+    "dflash_drafter_swaps_total": ("counter", ()),
+    "dflash_drafter_info": ("gauge", ("drafter_version",)),
     "dflash_step_seconds": ("histogram", ("block_size",)),
     "dflash_committed_tokens_per_step": ("histogram", ()),
 }
@@ -92,6 +94,8 @@ class FakeDFlash:
         m["dflash_block_size"].labels(**lab).set(b)
         m["dflash_live_request_states"].labels(**lab).set(batch)
         m["dflash_controller_errors_total"].labels(**lab).inc(0)
+        m["dflash_drafter_swaps_total"].labels(**lab).inc(0)
+        m["dflash_drafter_info"].labels(**lab, drafter_version="initial").set(1)
         m["dflash_block_size_steps_total"].labels(**lab, block_size=str(b)).inc()
         self.width1_steps += b == 1
         self.steps += 1

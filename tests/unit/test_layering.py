@@ -22,11 +22,12 @@ ALLOWED: dict[str, set[str]] = {
     "sglang_ext.verify_rows": set(),  # torch only
     "sglang_ext.tree": set(),  # torch only
     "sglang_ext.sampling_refusals": set(),  # pure
+    "sglang_ext.capture": {"sglang_ext.settings"},  # the capture store's writer (no sglang, no torch)
     "sglang_ext.patches": {"sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext.verify_rows",
-                           "sglang_ext.tree", "sglang_ext.sampling_refusals"},
+                           "sglang_ext.tree", "sglang_ext.sampling_refusals", "sglang_ext.capture"},
     "sglang_ext": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.controller_loop",
                    "sglang_ext.cpu", "sglang_ext.patches", "sglang_ext.verify_rows", "sglang_ext.tree",
-                   "sglang_ext.sampling_refusals"},
+                   "sglang_ext.sampling_refusals", "sglang_ext.capture"},
     "service": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext",
                 "sglang_ext.sampling_refusals"},
     "harness": {"sglang_ext.controller"},

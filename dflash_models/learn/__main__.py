@@ -1,0 +1,5 @@
+import sys
+
+from dflash_models.learn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,177 @@
+"""`dflash-serve learn` (service/cli.py runs this module as its own process with the config's settings):
+
+    python -m dflash_models.learn round    --settings FILE   # one round: distill, gate, swap if promoted
+    python -m dflash_models.learn loop     --settings FILE   # a round every interval_seconds
+    python -m dflash_models.learn rollback --settings FILE   # the servers serve the previous version again
+    python -m dflash_models.learn status   --settings FILE
+
+The settings file is JSON written by service/cli.py from the `learning:` section (paths resolved; the admin key
+stays in the environment variable it names). Every gate decision is printed and logged to work_dir/decisions.jsonl
+with both figures.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dflash_models.learn import gate, store, swap
+from dflash_models.learn.versions import Versions
+
+ORIGINAL_TRAIN, ORIGINAL_EVAL, ORIGINAL_MAX_NEW = 96, 32, 96
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Learner:
+    def __init__(self, s: dict) -> None:
+        self.s = s
+        self.versions = Versions(s["work_dir"], s["initial_drafter"])
+        self.admin_key = os.environ.get(s["admin_key_env"]) if s.get("admin_key_env") else None
+        if s.get("admin_key_env") and not self.admin_key:
+            raise SystemExit(f"dflash-serve learn: environment variable {s['admin_key_env']} "
+                             f"(server.admin_api_key_env) is not set: the hot swap needs the admin key")
+        from dflash_models.learn.metrics import LearnMetrics
+
+        self.metrics = LearnMetrics(s.get("metrics_port"))
+        self.metrics.set_serving(self.versions.serving)
+        self._pair = None
+        self._original = None
+
+    @property
+    def pair(self):
+        if self._pair is None:
+            from dflash_models.learn.distill import Pair
+
+            self._pair = Pair(self.s["target"])
+        return self._pair
+
+    def original(self, layer_ids: list[int]):
+        """(train items, eval items) of the original mix, features included (computed once per process)."""
+        if self._original is None:
+            from dflash_models.learn.distill import original_mix
+
+            cache = Path(self.s["work_dir"]) / "original"
+            tr = original_mix(self.pair, ORIGINAL_TRAIN, "train", 11, ORIGINAL_MAX_NEW, cache / "train.pt", log)
+            ev = original_mix(self.pair, ORIGINAL_EVAL, "heldout", 12, ORIGINAL_MAX_NEW, cache / "eval.pt", log)
+            self._original = (self.pair.items(*tr, layer_ids, log=lambda *_: None),
+                              self.pair.items(*ev, layer_ids, log=lambda *_: None))
+        return self._original
+
+    def round(self) -> dict:
+        from dflash_models.learn.distill import FinetuneSpec, finetune, load_drafter, save_drafter
+
+        s = self.s
+        captured = store.read(s["store_dir"])
+        self.metrics.captured.set(len(captured))
+        if len(captured) < s["min_sequences"]:
+            self.metrics.rounds.labels(outcome="waiting").inc()
+            log(f"[learn] {len(captured)} captured requests, waiting for {s['min_sequences']}")
+            return {"outcome": "waiting", "captured": len(captured)}
+        train, held = store.split_recent(captured, s["holdout_fraction"])
+        serving = self.versions.serving
+        base, cfg = load_drafter(self.versions.path(serving))
+        layer_ids = list(cfg["dflash_config"]["target_layer_ids"])
+        orig_train, orig_eval = self.original(layer_ids)
+        train_items = self.pair.items([c.sequence for c in train], [len(c.prompt) for c in train], layer_ids,
+                                      log=lambda *_: None)
+        held_items = self.pair.items([c.sequence for c in held], [len(c.prompt) for c in held], layer_ids,
+                                     log=lambda *_: None)
+        held_classes = ["sampled" if c.sampled else "greedy" for c in held if len(c.output) >= 2]
+        log(f"[learn] round on {len(train_items)} captured requests ({len(held_items)} held out), serving {serving}")
+        cand = copy.deepcopy(base)
+        spec = FinetuneSpec(steps=s["steps"], original_share=s["original_share"], seed=len(self.versions.decisions()))
+
+        def on_step(step: int, loss: float, tokens: int) -> None:
+            self.metrics.loss.set(loss)
+            self.metrics.tokens.inc(tokens)
+            self.metrics.progress.set(step / spec.steps)
+
+        fit = finetune(cand, self.pair, train_items, orig_train, spec, on_step=on_step, log=log)
+        e, h = self.pair.embed, self.pair.head_w
+        figures = {}
+        for name, model in (("serving", base), ("candidate", cand)):
+            recent = gate.measure(model, e, h, held_items, held_classes)
+            original = gate.measure(model, e, h, orig_eval)["all"]
+            figures[name] = {"recent": {k: v.summary() for k, v in recent.items()}, "original": original.summary()}
+            self.metrics.tps.labels(slice="recent", drafter=name).set(recent["all"].tokens_per_step)
+            self.metrics.tps.labels(slice="original", drafter=name).set(original.tokens_per_step)
+        d = gate.decide(figures["serving"]["recent"]["all"]["tokens_per_step"],
+                        figures["candidate"]["recent"]["all"]["tokens_per_step"],
+                        figures["serving"]["original"]["tokens_per_step"],
+                        figures["candidate"]["original"]["tokens_per_step"],
+                        s["promote_margin"], s["max_original_loss"])
+        record = {"serving": serving, "train": fit, "captured": len(captured), **d.record(), "figures": figures}
+        if d.promote:
+            version = self.versions.next_version()
+            save_drafter(cand, cfg, self.versions.path(version), Path(s["target"]))
+            record["version"] = version
+            try:
+                record["swaps"] = swap.push_all(s["servers"], self.versions.path(version), version, self.admin_key)
+            except swap.SwapError as err:
+                record.update(promote=False, reason=f"promoted by the gate, swap failed: {err}")
+                self.versions.log_decision(record)
+                self.metrics.rounds.labels(outcome="failed").inc()
+                log(f"[learn] {version}: swap failed: {err}")
+                return {"outcome": "failed", **record}
+            self.versions.promote(version)
+            self.metrics.set_serving(version)
+        self.versions.log_decision(record)
+        outcome = "promoted" if d.promote else "refused"
+        self.metrics.rounds.labels(outcome=outcome).inc()
+        log(f"[learn] {outcome.upper()} {record.get('version', 'candidate')}: {d.reason} "
+            f"(recent {d.recent_serving:.3f} -> {d.recent_candidate:.3f}, original {d.original_serving:.3f} -> "
+            f"{d.original_candidate:.3f} tokens/step)")
+        return {"outcome": outcome, **record}
+
+    def rollback(self) -> str:
+        state = self.versions.state()
+        if not state["history"]:
+            raise SystemExit("dflash-serve learn rollback: nothing to roll back to (serving the config's drafter)")
+        previous = state["history"][-1]
+        swap.push_all(self.s["servers"], self.versions.path(previous), previous, self.admin_key)
+        self.versions.rollback()
+        self.metrics.set_serving(previous)
+        self.versions.log_decision({"rollback": True, "from": state["serving"], "to": previous})
+        log(f"[learn] rolled back: {state['serving']} -> {previous} on {len(self.s['servers'])} server(s)")
+        return previous
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dflash-serve learn", description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=["round", "loop", "rollback", "status"])
+    p.add_argument("--settings", required=True, help="JSON settings (written by `dflash-serve learn`)")
+    a = p.parse_args(argv)
+    s = json.loads(Path(a.settings).read_text())
+    from dflash_models.progress import single_thread
+
+    if a.action == "status":
+        v = Versions(s["work_dir"], s["initial_drafter"])
+        print(json.dumps({"state": v.state(), "captured": len(store.read(s["store_dir"])),
+                          "decisions": v.decisions()[-5:]}, indent=1))
+        return 0
+    single_thread(int(s.get("threads", 1)))
+    learner = Learner(s)
+    if a.action == "rollback":
+        learner.rollback()
+        return 0
+    while True:
+        try:
+            learner.round()
+        except swap.SwapError as e:
+            log(f"[learn] error: {e}")
+            if a.action == "round":
+                return 1
+        if a.action == "round":
+            return 0
+        time.sleep(float(s["interval_seconds"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The gate: a candidate drafter is promoted only if it beats the serving one where it matters and loses little
+where it used to be good.
+
+Acceptance is measured offline as the server would see it, on sequences whose tokens are the target's own choices
+(captured responses: the target's greedy or sampled tokens; the original mix: its greedy responses): decoding is
+replayed from the first response token, each step drafting a block from the anchor (the last committed token) with
+the context features of the tokens before it; the step commits the leading drafts that equal the target's tokens
+plus one (chain verification at the drafter's full block). Tokens per step = committed tokens / steps; the
+per-position conditional acceptance p_j = accepted at j / tried at j. Greedy and sampled requests are reported as
+separate classes (a sampled response's tokens are one draw of the target: the figure is what a greedy draft of it
+accepts, the chain sampler's lower bound).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_ANCHORS = 256  # per sequence: longer responses are measured on their first MAX_ANCHORS positions
+
+
+@dataclass
+class Acceptance:
+    steps: int = 0
+    tokens: int = 0
+    accepted_by_pos: list[int] = field(default_factory=list)
+    tried_by_pos: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else float("nan")
+
+    def p(self) -> list[float]:
+        return [round(a / t, 3) if t else float("nan") for a, t in zip(self.accepted_by_pos, self.tried_by_pos)]
+
+    def summary(self) -> dict:
+        return {"tokens_per_step": round(self.tokens_per_step, 3), "steps": self.steps, "p_by_position": self.p()}
+
+
+def measure(drafter, embed, head_w, items, classes: list[str] | None = None) -> dict[str, Acceptance]:
+    """Replayed chain acceptance of `drafter` on `items` ((ids, response start, features)); by class and "all"."""
+    import torch
+
+    from dflash_models.drafter_model import block_labels
+
+    bs = drafter.block_size
+    out: dict[str, Acceptance] = {}
+
+    def acc_of(name: str) -> Acceptance:
+        return out.setdefault(name, Acceptance(accepted_by_pos=[0] * (bs - 1), tried_by_pos=[0] * (bs - 1)))
+
+    with torch.no_grad():
+        for n, (seq, start, feats) in enumerate(items):
+            last = min(len(seq) - 1, start + MAX_ANCHORS)
+            if last <= start:
+                continue
+            tokens = torch.tensor([seq])
+            anchors = torch.arange(start, last)[None]
+            hidden = drafter(feats[None].float(), tokens, anchors, embed)  # [1, N, bs, H]
+            pred = (hidden[0, :, 1:] @ head_w.T).argmax(-1)  # [N, bs-1]
+            labels, valid = block_labels(tokens, anchors, bs, torch.tensor([len(seq)]))
+            hit = ((pred == labels[0, :, 1:]) & valid[0, :, 1:]).tolist()
+            names = ["all"] + ([classes[n]] if classes else [])
+            p = start
+            while p < last:
+                row = hit[p - start]
+                k = 0
+                while k < bs - 1 and row[k]:
+                    k += 1
+                room = len(seq) - 1 - p  # tokens left to commit after the anchor
+                commit = min(k + 1, room)
+                for name in names:
+                    a = acc_of(name)
+                    a.steps += 1
+                    a.tokens += commit
+                    for j in range(min(k + 1, bs - 1, room)):  # positions tried: the accepted ones and the first miss
+                        a.tried_by_pos[j] += 1
+                        a.accepted_by_pos[j] += int(j < k)
+                p += commit
+    return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reason: str
+    recent_serving: float
+    recent_candidate: float
+    original_serving: float
+    original_candidate: float
+
+    def record(self) -> dict:
+        return {"promote": self.promote, "reason": self.reason,
+                "recent": {"serving": round(self.recent_serving, 3), "candidate": round(self.recent_candidate, 3)},
+                "original": {"serving": round(self.original_serving, 3),
+                             "candidate": round(self.original_candidate, 3)}}
+
+
+def decide(recent_serving: float, recent_candidate: float, original_serving: float, original_candidate: float,
+           margin: float, max_original_loss: float) -> Decision:
+    """Promote iff recent gains >= `margin` (a fraction) and the original mix loses <= `max_original_loss`."""
+    gain = recent_candidate / recent_serving - 1
+    loss = 1 - original_candidate / original_serving
+    if gain < margin:
+        why = f"recent traffic {recent_candidate:.3f} vs {recent_serving:.3f} tokens/step: {gain:+.1%} < +{margin:.0%}"
+        return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
+    if loss > max_original_loss:
+        why = (f"original mix {original_candidate:.3f} vs {original_serving:.3f} tokens/step: "
+               f"{-loss:+.1%} loses more than {max_original_loss:.0%}")
+        return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
+    why = (f"recent traffic {gain:+.1%} (>= +{margin:.0%}), original mix {-loss:+.1%} "
+           f"(>= -{max_original_loss:.0%})")
+    return Decision(True, why, recent_serving, recent_candidate, original_serving, original_candidate)

@@ -1,0 +1,190 @@
+"""A drafter that learns the traffic it serves (issue 42), against one real dflash_adaptive server with `learning:`
+on and an admin key: capture (token ids kept, opt-out honoured, nothing in the log), a hot swap mid-stream (greedy
+output identical to the server's own output before any swap, in-flight and after), rollback (`dflash-serve learn
+rollback` puts back the exact weights: SGLang's draft checksum), and the learner killed mid-round (serving and the
+drafter untouched).
+
+The swapped-in drafter is the bundled one with noise on every weight: it drafts differently (its checksum differs)
+and worse, which is the hard case for the identity: more rejected drafts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_models.learn import store, swap
+from dflash_models.learn.versions import Versions
+from tests.conftest import REPO, default_config
+
+pytestmark = pytest.mark.server
+
+ADMIN, ADMIN_ENV = "admin-key-42-learning", "DFLASH_LEARN_TEST_ADMIN_KEY"
+PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n"
+
+
+@pytest.fixture(scope="module")
+def learning(module_server_factory, tiny_pair, tmp_path_factory):
+    work = tmp_path_factory.mktemp("learning")
+    cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"])
+    cfg["server"]["admin_api_key_env"] = ADMIN_ENV
+    cfg["learning"] = {"enabled": True, "store_dir": str(work / "store"), "work_dir": str(work / "learner"),
+                       "min_sequences": 8, "steps": 2, "metrics_port": None}
+    os.environ[ADMIN_ENV] = ADMIN  # the learner's (the server gets it through its env below)
+    server = module_server_factory(cfg, "learning", env={ADMIN_ENV: ADMIN})
+    cfg["server"]["port"] = int(server.url.rsplit(":", 1)[1])
+    config_path = work / "learning.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    return {"server": server, "work": work, "config": config_path, "cfg": cfg, "drafter": tiny_pair["drafter"]}
+
+
+def _perturbed(src: Path, out: Path, scale: float = 0.5) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(42)
+    sd = {k: (v.float() + scale * v.float().std() * torch.randn(v.shape, generator=g)).to(torch.bfloat16)
+          for k, v in load_file(str(src / "model.safetensors")).items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return out
+
+
+def _drafter_series(server) -> dict[str, float]:
+    text = server.metrics()
+    info = {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'^dflash_drafter_info\{drafter_version="([^"]+)"[^}]*\} (\S+)', text, re.M)}
+    swaps = re.search(r"^dflash_drafter_swaps_total\{[^}]*\} (\S+)", text, re.M)
+    return {**info, "_swaps": float(swaps.group(1)) if swaps else float("nan")}
+
+
+def _wait_for(pred, timeout: float = 10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    return pred()
+
+
+def test_capture_keeps_token_ids_and_honours_the_opt_out(learning):
+    server = learning["server"]
+    kept = server.generate_text("class Cache:\n    def __init__(self):\n", max_new_tokens=24, temperature=0)
+    optout = server.generate_text("import json\nimport os\n", max_new_tokens=24, temperature=0,
+                                  custom_params={"dflash_capture": False})
+    store_dir = Path(learning["cfg"]["learning"]["store_dir"])
+    found = _wait_for(lambda: [c for c in store.read(store_dir) if c.output == kept["output_ids"]])
+    assert found, "the finished request's output ids are not in the store"
+    assert not [c for c in store.read(store_dir) if c.output == optout["output_ids"]], "an opted-out request was kept"
+    assert oct(store_dir.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in store_dir.glob("seg-*.jsonl"))
+    log = server.log_path.read_text(errors="replace")
+    assert json.dumps(kept["output_ids"]) not in log and ",".join(map(str, kept["output_ids"][:8])) not in log
+
+
+def _stream(server, out: dict) -> None:
+    body = {"text": PROMPT, "stream": True,
+            "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
+    req = urllib.request.Request(f"{server.url}/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                chunk = json.loads(line[5:])
+                out["ids"] = chunk["output_ids"]
+                out["chunks"] = out.get("chunks", 0) + 1
+
+
+def test_a_swap_mid_stream_keeps_greedy_output_and_rollback_restores_the_drafter(learning, tmp_path):
+    server = learning["server"]
+    reference = server.generate_text(PROMPT, max_new_tokens=160, temperature=0)["output_ids"]
+    before = swap.draft_checksum(server.url, ADMIN)
+    assert _drafter_series(server)["initial"] == 1.0
+
+    # the learner's state as a promotion leaves it, so that `learn rollback` has something to roll back to
+    versions = Versions(learning["cfg"]["learning"]["work_dir"], learning["drafter"])
+    candidate = _perturbed(learning["drafter"], versions.path("v0001"))
+    out: dict = {}
+    t = threading.Thread(target=_stream, args=(server, out))
+    t.start()
+    assert _wait_for(lambda: out.get("chunks", 0) >= 3, 120), "the stream never started"
+    done = swap.push(server.url, candidate, "v0001", ADMIN)
+    at_swap = len(out.get("ids", []))
+    t.join(600)
+    versions.promote("v0001")
+
+    assert 0 < at_swap < len(reference), "the swap did not land mid-stream"
+    assert out["ids"] == reference, "greedy output changed across a drafter swap"
+    assert swap.draft_checksum(server.url, ADMIN) != before, "the draft weights did not change"
+    assert server.generate_text(PROMPT, max_new_tokens=160, temperature=0)["output_ids"] == reference
+    series = _drafter_series(server)
+    assert series["v0001"] == 1.0 and series["initial"] == 0.0 and series["_swaps"] == 1.0
+    assert done["version"] == "v0001"
+
+    r = subprocess.run([sys.executable, "-m", "service.cli", "learn", "rollback", "-c", str(learning["config"])],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert swap.draft_checksum(server.url, ADMIN) == before, "rollback did not restore the previous weights"
+    series = _drafter_series(server)
+    assert series["initial"] == 1.0 and series["v0001"] == 0.0 and series["_swaps"] == 2.0
+    assert versions.serving == "initial"
+    assert server.generate_text(PROMPT, max_new_tokens=160, temperature=0)["output_ids"] == reference
+
+
+def test_swap_routes_refuse_the_client_side(learning):
+    """The swap is an admin route: without the admin key it is refused and nothing changes."""
+    server = learning["server"]
+    before = swap.draft_checksum(server.url, ADMIN)
+    with pytest.raises(swap.SwapError, match="HTTP 40[13]"):
+        swap.push(server.url, learning["drafter"], "rogue", None)
+    assert swap.draft_checksum(server.url, ADMIN) == before
+    assert "rogue" not in _drafter_series(server)
+
+
+def test_the_learner_killed_mid_round_leaves_serving_untouched(learning):
+    server = learning["server"]
+    for i in range(8):  # enough captured traffic for a round
+        server.generate_text(f"# note {i}\ndef f{i}(x):\n", max_new_tokens=24, temperature=0)
+    settings = yaml.safe_load(learning["config"].read_text())["learning"]
+    work = Path(settings["work_dir"])
+    captured = store.read(settings["store_dir"])
+    import torch  # a small original-mix cache: the round starts training without generating one
+
+    (work / "original").mkdir(parents=True, exist_ok=True)
+    orig = {"sequences": [c.sequence for c in captured[:8]], "starts": [len(c.prompt) for c in captured[:8]]}
+    torch.save(orig, work / "original" / "train.pt")
+    torch.save(orig, work / "original" / "eval.pt")
+    state = Versions(work, learning["drafter"]).state()
+    before = swap.draft_checksum(server.url, ADMIN)
+    reference = server.generate_text(PROMPT, max_new_tokens=48, temperature=0)["output_ids"]
+    swaps = _drafter_series(server)["_swaps"]
+
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "learn", "round", "-c", str(learning["config"])],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    for line in proc.stdout:  # killed once it is training
+        seen.append(line)
+        if line.startswith("[learn] round on"):
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert any(x.startswith("[learn] round on") for x in seen), "".join(seen)
+
+    assert server.generate_text(PROMPT, max_new_tokens=48, temperature=0)["output_ids"] == reference
+    assert swap.draft_checksum(server.url, ADMIN) == before
+    assert Versions(work, learning["drafter"]).state() == state
+    assert _drafter_series(server)["_swaps"] == swaps

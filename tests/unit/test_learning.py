@@ -1,0 +1,183 @@
+"""Issue 42 without a server: the capture store's limits and its non-blocking handover, the `learning:` config, the
+gate's rule, and the gate refusing a randomly perturbed drafter measured on the bundled pair (offline, as
+`dflash-serve learn` measures)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_models.learn import gate, store
+from dflash_models.learn.versions import INITIAL, Versions
+from service.config import ConfigError, parse_config
+from sglang_ext import names
+from sglang_ext.capture import CaptureWriter, prune, segments
+from sglang_ext.settings import CaptureSettings
+from tests.conftest import BUNDLED
+
+
+def _writer(tmp_path: Path, **kw) -> CaptureWriter:
+    return CaptureWriter(CaptureSettings(store_dir=str(tmp_path / "store"), **kw))
+
+
+def test_the_store_keeps_token_ids_only_and_the_reader_reads_them(tmp_path):
+    w = _writer(tmp_path)
+    w.offer([5, 6, 7], [8, 9], sampled=False)
+    w.offer([1] * 300, [2, 3, 4], sampled=True)
+    w.close()
+    got = store.read(tmp_path / "store")
+    assert [(c.prompt, c.output, c.sampled) for c in got] == [([5, 6, 7], [8, 9], False), ([1] * 192, [2, 3, 4], True)]
+    line = json.loads(segments(tmp_path / "store")[0].read_text().splitlines()[0])
+    assert set(line) == {"t", "p", "o", "s"}
+
+
+def test_the_store_stays_within_its_size_limit(tmp_path):
+    w = _writer(tmp_path, max_store_bytes=20_000, segment_bytes=4_000)
+    for i in range(400):
+        w.offer(list(range(20)), list(range(i, i + 20)), sampled=False)
+    w.close()
+    total = sum(p.stat().st_size for p in segments(tmp_path / "store"))
+    assert 0 < total <= 20_000 + 4_000  # the open segment may run one line past a prune
+    kept = store.read(tmp_path / "store")
+    assert kept and kept[-1].output == list(range(399, 419)), "the newest requests are the ones kept"
+
+
+def test_segments_past_the_age_limit_are_deleted(tmp_path):
+    d = tmp_path / "store"
+    d.mkdir()
+    old, new = d / "seg-00000000000000000001.jsonl", d / "seg-00000000000000000002.jsonl"
+    old.write_text('{"t":1,"p":[1],"o":[2,3],"s":false}\n')
+    new.write_text('{"t":2,"p":[1],"o":[2,3],"s":false}\n')
+    past = time.time() - 3 * 3600
+    os.utime(old, (past, past))
+    assert prune(d, max_bytes=10**9, max_age_s=3600) == 1
+    assert segments(d) == [new]
+
+
+class _SlowDisk(CaptureWriter):
+    def _write(self, item) -> None:
+        time.sleep(0.2)
+        super()._write(item)
+
+
+def test_a_full_queue_drops_requests_instead_of_blocking_the_scheduler(tmp_path):
+    w = _SlowDisk(CaptureSettings(store_dir=str(tmp_path / "store"), queue_max=2))
+    t0 = time.perf_counter()
+    accepted = [w.offer([1], [2, 3], sampled=False) for _ in range(50)]
+    assert time.perf_counter() - t0 < 0.1
+    assert accepted.count(False) == w.dropped >= 45
+    w.close(timeout=10)
+
+
+def _cfg(**learning) -> dict:
+    return {"model": {"path": "m"}, "server": {"admin_api_key_env": "ADMIN_K"},
+            "speculative": {"algorithm": "dflash_adaptive", "draft_model_path": "d"}, "learning": learning}
+
+
+def test_learning_is_off_by_default_and_its_section_is_checked(tmp_path):
+    from service.launcher import server_env
+
+    off = parse_config({"model": {"path": "m"}, "speculative": {"algorithm": "dflash", "draft_model_path": "d"}})
+    assert not off.learning.enabled and names.CAPTURE not in server_env(off, base={})
+    on = parse_config(_cfg(enabled=True, store_dir="st", max_store_mb=8, max_age_hours=2), base=tmp_path)
+    s = CaptureSettings.from_env(server_env(on, base={}))
+    assert s.store_dir == str(tmp_path / "st") and s.max_store_bytes == 8 * 1024 * 1024 and s.max_age_seconds == 7200
+    with pytest.raises(ConfigError, match="learning: store_dir"):
+        parse_config(_cfg(enabled=True))
+    with pytest.raises(ConfigError, match="admin_api_key_env"):
+        parse_config({**_cfg(enabled=True, store_dir="s"), "server": {}})
+    with pytest.raises(ConfigError, match="DFlash drafter"):
+        parse_config({**_cfg(enabled=True, store_dir="s"), "speculative": {"algorithm": "none"}})
+
+
+def test_the_gate_rule_needs_both_figures():
+    assert gate.decide(2.0, 2.2, 6.0, 5.9, margin=0.05, max_original_loss=0.05).promote
+    no_gain = gate.decide(2.0, 2.05, 6.0, 6.0, margin=0.05, max_original_loss=0.05)
+    assert not no_gain.promote and "recent traffic" in no_gain.reason
+    forgot = gate.decide(2.0, 3.0, 6.0, 5.0, margin=0.05, max_original_loss=0.05)
+    assert not forgot.promote and "original mix" in forgot.reason
+    assert forgot.record()["recent"] == {"serving": 2.0, "candidate": 3.0}
+
+
+def test_versions_promote_and_roll_back(tmp_path):
+    v = Versions(tmp_path, tmp_path / "initial-drafter")
+    assert v.serving == INITIAL and v.path(INITIAL) == tmp_path / "initial-drafter"
+    assert v.next_version() == "v0001"
+    v.promote("v0001")
+    assert v.rollback() == INITIAL and v.serving == INITIAL
+    with pytest.raises(RuntimeError, match="nothing to roll back"):
+        v.rollback()
+
+
+@pytest.mark.skipif(not (BUNDLED / "drafter" / "model.safetensors").is_file(), reason="needs models/tiny-code")
+def test_the_gate_refuses_a_randomly_perturbed_drafter():
+    """On code the bundled drafter knows (held-out stdlib files), measured as `dflash-serve learn` measures."""
+    import copy
+
+    import torch
+
+    from dflash_models import corpus
+    from dflash_models.learn.distill import Pair, load_drafter
+
+    pair = Pair(BUNDLED / "target")
+    serving, cfg = load_drafter(BUNDLED / "drafter")
+    files = corpus.split_files(corpus.stdlib_files()).heldout[:3]
+    seqs = [pair.tokenizer(corpus.read_text(f)[:1200], add_special_tokens=False)["input_ids"][:112] for f in files]
+    items = pair.items(seqs, [16] * len(seqs), cfg["dflash_config"]["target_layer_ids"], log=lambda *_: None)
+    worse = copy.deepcopy(serving)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in worse.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
+    a = gate.measure(serving, pair.embed, pair.head_w, items)["all"]
+    b = gate.measure(worse, pair.embed, pair.head_w, items)["all"]
+    assert a.tokens_per_step > 1.0 and b.tokens_per_step < a.tokens_per_step
+    d = gate.decide(a.tokens_per_step, b.tokens_per_step, a.tokens_per_step, b.tokens_per_step,
+                    margin=0.05, max_original_loss=0.05)
+    assert not d.promote
+    assert gate.decide(a.tokens_per_step, a.tokens_per_step, a.tokens_per_step, a.tokens_per_step,
+                       margin=0.05, max_original_loss=0.05).promote is False  # the same drafter gains nothing
+
+
+def test_a_drafter_swap_resets_the_controllers_acceptance_priors():
+    """What the old drafter accepted no longer prices the widths: after drafter_changed the global curve is the
+    flat prior's again (a fresh controller's), while the cost table stays."""
+    import numpy as np
+
+    from sglang_ext.controller.config import ControllerConfig
+    from sglang_ext.controller.cost_model import CostModel
+    from sglang_ext.controller.policy import BlockSizeController
+
+    def controller():
+        cfg = ControllerConfig()
+        return BlockSizeController(cfg, CostModel.default(cfg.candidates_for(16)), max_block=16)
+
+    fresh, ctrl = controller(), controller()
+    for _ in range(50):
+        ctrl.observe_step(["a", "b"], 16, np.array([15, 15]), None, [[7] * 16, [7] * 16])
+    assert not np.allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
+    table = ctrl.cost_model.table.copy()
+    ctrl.drafter_changed()
+    np.testing.assert_allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
+    np.testing.assert_array_equal(ctrl.cost_model.table, table)
+
+
+def test_the_learner_exposes_its_progress_on_its_own_registry():
+    from prometheus_client import generate_latest
+
+    from dflash_models.learn.metrics import LearnMetrics
+
+    m = LearnMetrics(port=None)
+    m.rounds.labels(outcome="refused").inc()
+    m.loss.set(0.7)
+    m.tokens.inc(4096)
+    m.set_serving("v0001")
+    m.set_serving("v0002")
+    text = generate_latest(m.registry).decode()
+    for line in ('dflash_learn_rounds_total{outcome="refused"} 1.0', "dflash_learn_loss 0.7",
+                 "dflash_learn_tokens_seen_total 4096.0", 'dflash_learn_serving_info{drafter_version="v0001"} 0.0',
+                 'dflash_learn_serving_info{drafter_version="v0002"} 1.0'):
+        assert line in text, line
