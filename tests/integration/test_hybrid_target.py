@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -136,19 +137,33 @@ def test_prefix_cache_hit_and_aborted_neighbour_change_nothing(servers, plain_gr
     assert again["output_ids"] == servers["plain"].generate(follow_up, max_new_tokens=MAX_NEW,
                                                             temperature=0)["output_ids"]
     rid = f"hybrid-aborted-{time.monotonic_ns()}"
+    decoding = threading.Event()
 
     def aborted() -> str:
-        body = {"rid": rid, "input_ids": prompt_ids[3],
-                "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}
+        """Stream the victim so the abort is sent once it is really decoding (a fixed sleep raced a fast machine,
+        where 400 tokens finished first); its last chunk's finish reason."""
+        body = {"rid": rid, "input_ids": prompt_ids[3], "stream": True,
+                "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}
+        req = urllib.request.Request(f"{server.url}/generate", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        reason = None
         try:
-            return http_json(f"{server.url}/generate", body, timeout=300)["meta_info"]["finish_reason"]["type"]
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for line in r:
+                    if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                        continue
+                    decoding.set()
+                    reason = (json.loads(line[5:])["meta_info"].get("finish_reason") or {}).get("type", reason)
         except urllib.error.HTTPError:
             return "abort"
+        finally:
+            decoding.set()
+        return reason
 
     with ThreadPoolExecutor(2) as pool:
         victim = pool.submit(aborted)
         others = pool.submit(server.generate, prompt_ids[1:3], max_new_tokens=MAX_NEW, temperature=0)
-        time.sleep(2)  # both decoding
+        assert decoding.wait(120)
         req = urllib.request.Request(f"{server.url}/abort_request", json.dumps({"rid": rid}).encode(),
                                      {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"})
         urllib.request.urlopen(req, timeout=30).close()
