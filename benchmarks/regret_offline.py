@@ -39,12 +39,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.regret import WORKLOADS  # noqa: E402
 from sglang_ext.controller.config import ControllerConfig  # noqa: E402
 from sglang_ext.controller.cost_model import CostModel  # noqa: E402
 from sglang_ext.controller.policy import BlockSizeController  # noqa: E402
 
-PROMPTS = REPO / "loadtest" / "prompts"
-FILES = {"realcode": PROMPTS / "realcode.jsonl", "code": PROMPTS / "mix.jsonl", "prose": PROMPTS / "prose.jsonl"}
+FILES = {name: path for name, (path, _) in WORKLOADS.items()}  # greedy here whatever the live temperature
 WIDTHS = (1, 2, 4, 8, 16)
 # ms per step at one request on the project's 2-core CPU, from the step profiles in benchmarks/results/
 # (step_profile_cpu*.json: none, w1, prefix8, full, fixed8; step_time_cpu.json: fixed16); widths 2 and 4 and the
@@ -55,18 +55,10 @@ DEFAULT_COSTS = {"none": 8.7, "w1": 9.5, "prefix2": 12.0, "prefix4": 13.3, "pref
 
 # -- traces ---------------------------------------------------------------------------------------------------
 def prompt_ids(tok, path: Path) -> list[list[int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        obj = json.loads(line)
-        if "prompt" in obj:
-            text = obj["prompt"]
-        else:
-            msgs = [m for m in obj["messages"] if m["role"] != "assistant"]
-            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        out.append(tok.encode(text, add_special_tokens=False))
-    return out
+    """Each line's token ids, as the live benchmark sends its text (benchmarks/regret.py `texts`)."""
+    from benchmarks.regret import texts
+
+    return [tok.encode(t, add_special_tokens=False) for t in texts(path, tok)]
 
 
 def trace(target, drafter, ids: list[int], max_new: int, eos: int | None) -> dict[str, np.ndarray]:
