@@ -12,6 +12,7 @@ from sglang_ext.patches.wrap import when_imported, wrap
 
 _applied: list[str] = []
 
+
 def install() -> list[str]:
     if not _applied:
         for patch in _PATCHES:
