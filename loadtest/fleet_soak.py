@@ -73,6 +73,7 @@ class Outcome:
     what: str = ""
     tokens: int = 0
     klass: str = ""                # after the run: ok | unexpected | killed-in-flight | lost
+    previous: str = ""             # the same user's request before it, on the same connection pool: kind, status
 
 
 @dataclass
@@ -161,12 +162,13 @@ async def user(uid: int, url: str, headers: dict, model: str, deadline: float, t
                run: Run) -> None:
     rng = random.Random(args.seed * 1000 + uid)
     limits = httpx.Limits(max_connections=2, max_keepalive_connections=1)
+    previous = ""
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout), limits=limits) as client:
         while time.monotonic() < deadline:
             roll = rng.random()
             kind = ("disconnect" if roll < args.disconnect_share
                     else "bad" if roll < args.disconnect_share + args.bad_share else "normal")
-            o = Outcome(kind, time.monotonic() - t0)
+            o = Outcome(kind, time.monotonic() - t0, previous=previous)
             run.outcomes.append(o)
             run.open.add(id(o))
             try:
@@ -181,6 +183,7 @@ async def user(uid: int, url: str, headers: dict, model: str, deadline: float, t
             finally:
                 run.open.discard(id(o))
                 o.end = time.monotonic() - t0
+                previous = f"{kind} {o.status} {o.what[:80]}".strip()
             if args.think_time:
                 await asyncio.sleep(rng.uniform(0, 2 * args.think_time))
 

@@ -208,8 +208,9 @@ class RouterConfig(_Strict):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Other sglang-router arguments by flag name without dashes (e.g. cache_threshold: 0.3); "
-                    "validated against its parser. The fleet's own defaults (health checks every 10 s, the circuit "
-                    "breaker's 20-s re-trial, log level warn) yield to them.")
+                    "validated against its parser. The fleet's own defaults (no circuit breaker: 0.3.2's counts clients' "
+                    "4xx; health checks every second, out after 2 failures; retries backing off from 0.3 s, doubling; "
+                    "log level warn) yield to them.")
 
 
 class FleetConfig(_Strict):

@@ -24,19 +24,29 @@ OWNED = {
     "worker_startup_timeout_secs": "fleet.startup_timeout_seconds",
 }
 
-# Defaults that differ from the router's own (measured with a replica killed under load, tests/integration/
-# test_fleet.py). Cache-aware routing retries a failed request on the replica whose cache matches it, i.e. the
-# dead one again: all 6 attempts (1 + 5 retries) of a request hit it until the circuit breaker opens after
-# `cb_failure_threshold` failures. The breaker is left at the router's 10: it also counts every 4xx a replica
-# answers as that replica's failure, and at 3 a few malformed bodies in a row took a healthy replica out of
-# rotation for the breaker's 20 s -- with the other replica down, every client got 503 "no available workers"
-# (loadtest/fleet_soak.py, docs/RELIABILITY.md). Its health check runs every 60 s (3 failures to mark a worker
-# down, 2 successes to bring it back), so a restarted replica waited minutes to rejoin; 10 s bounds it, as does
-# the breaker's 20-s re-trial. Its
-# per-request INFO lines would drown the replicas' logs in the fleet's output. The fleet starts the router before
-# the replicas (it holds its port from the start; clients get 503 rather than a refused connection while the
-# models load), and the router checks every 30 s whether a worker it waits for is up: 1 s makes it ready with them.
-DEFAULTS: dict[str, Any] = {"health_check_interval_secs": 10, "cb_timeout_duration_secs": 20,
+# Defaults that differ from the router's own (measured with a replica killed under load and clients sending bad
+# bodies: tests/integration/test_fleet.py, loadtest/fleet_soak.py, docs/RELIABILITY.md).
+# - The circuit breaker is off. sglang-router 0.3.2 records every non-2xx answer as the replica's failure
+#   (`routers/http/router.rs`: `record_outcome(status.is_success())`), so clients' malformed or over-long bodies --
+#   a replica's 400s -- open a healthy replica's breaker, and in half-open one 4xx re-opens it: with the other
+#   replica down, every client got 503 "no available workers" for minutes (the 10-minute soak: 7,213 such errors
+#   at the router's threshold of 10, 25,193 at 3). Upstream's fix (sgl-project/sglang#39464, a cleanly answered 4xx
+#   counts as success) is in no sglang-router release installable here; set `cb_*` and
+#   `disable_circuit_breaker: false` in `fleet.router.args` once it is.
+# - A dead replica is found by the health check instead: SGLang's `/health` answers at once without generating, so
+#   checking every second is cheap, and two failed checks (a refused connection) take the replica out of rotation
+#   within ~2 s; one success brings a restarted replica back.
+# - Retries outlast that detection: cache-aware routing sends a request's retries to the replica whose cache
+#   matches it -- the dead one, until it is out of rotation -- and the router makes `retry_max_retries` (5)
+#   attempts in all, so backoffs of 0.3, 0.6, 1.2, 2.4 s (4.5 s together, jitter +-20 %) reach a live replica.
+#   Only requests a replica was running when it died fail; nothing retried was sent to a live one before.
+# - Its per-request INFO lines would drown the replicas' logs in the fleet's output. The fleet starts the router
+#   before the replicas (it holds its port from the start; clients get 503 rather than a refused connection while
+#   the models load), and the router checks every 30 s whether a worker it waits for is up: 1 s makes it ready with
+#   them.
+DEFAULTS: dict[str, Any] = {"disable_circuit_breaker": True, "health_check_interval_secs": 1,
+                            "health_failure_threshold": 2, "health_success_threshold": 1,
+                            "retry_initial_backoff_ms": 300, "retry_backoff_multiplier": 2.0,
                             "worker_startup_check_interval": 1, "log_level": "warn"}
 
 

@@ -120,8 +120,8 @@ def test_router_arguments_pass_through_and_defaults_yield_to_them(random_pair, m
     assert argv_value(a, "--policy") == ["power_of_two"] and argv_value(a, "--prometheus-port") == ["29100"]
     assert argv_value(a, "--cache-threshold") == ["0.3"] and "--disable-retries" in a
     assert argv_value(a, "--health-check-interval-secs") == ["3"]  # the config's, not the fleet's default
-    assert argv_value(a, "--cb-timeout-duration-secs") == ["20"]   # the fleet's default
-    assert "--cb-failure-threshold" not in a                         # the router's own (4xx count as failures)
+    assert argv_value(a, "--health-failure-threshold") == ["2"]    # the fleet's defaults
+    assert "--disable-circuit-breaker" in a                          # 0.3.2's breaker counts clients' 4xx
     assert argv_value(a, "--shutdown-grace-period-secs") == ["42"]  # the router drains as long as the replicas
     # started before the replicas, it waits for them as long as the fleet does, and checks every second
     assert argv_value(a, "--worker-startup-timeout-secs") == ["1800"]
@@ -130,6 +130,7 @@ def test_router_arguments_pass_through_and_defaults_yield_to_them(random_pair, m
 
     parsed = parse_router_args(a[3:])  # the router's own parser accepts the whole command
     assert parsed.policy == "power_of_two" and parsed.worker_urls == p.worker_urls
+    assert parsed.disable_circuit_breaker and parsed.retry_initial_backoff_ms == 300
 
 
 def test_no_api_key_on_any_command_line(random_pair, monkeypatch):
