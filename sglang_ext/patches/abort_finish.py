@@ -15,9 +15,12 @@ Every way a request leaves 0.5.23's scheduler (outside disaggregation) and what 
 while running (`to_finish`) that a retraction turned into one -- (this patch); `send_abort_output` -- aborted
 inside `retract_decode`, while queued (method 1 of `abort_request`, retracted requests included), during chunked
 prefill, by a full queue or a refused priority -- (this patch). A request aborted while running ends in the next
-decode or prefill result; waiting and running timeouts go through `abort_request`. Not covered: a decode result
-whose sampling mask the backend reports invalid (`_handle_sampling_mask_abort`; DFlash serves
-`return_sampling_mask`, but no test here can make the backend fail). Retired by:
+decode or prefill result; waiting and running timeouts go through `abort_request`. A decode result whose
+captured sampling support cannot be returned (`SchedulerBatchResultProcessor._handle_sampling_mask_abort`: support
+over `--sampling-mask-max-tokens`, or the backend's mask missing or invalid) releases the request's KV itself and
+skips the finish path that tells the worker (this patch; read from the source, not exercised by a test: the
+speculative path admits `return_sampling_mask` only with a finite top_k within the limit, and ties at the cutoff --
+forced with equal logit biases -- did not overflow it). Retired by:
 upstream calling `note_request_finished` for every request that leaves the scheduler, results of any forward mode
 or aborts.
 """
@@ -64,6 +67,22 @@ def _patch_prefill(results: ModuleType) -> None:
     wrap(results.SchedulerBatchResultProcessor, "process_batch_result_prefill", make)
 
 
+def _patch_sampling_mask_abort(results: ModuleType) -> None:
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+    def make(original):
+        def _handle_sampling_mask_abort(self, req) -> None:
+            original(self, req)
+            worker = getattr(self, "draft_worker", None)
+            if isinstance(worker, BaseSpecWorker):
+                worker.note_request_finished(rid=req.rid, natural_stop=False)
+
+        return _handle_sampling_mask_abort
+
+    wrap(results.SchedulerBatchResultProcessor, "_handle_sampling_mask_abort", make)
+
+
 def install() -> None:
     when_imported(SCHEDULER, _patch)
     when_imported(RESULTS, _patch_prefill)
+    when_imported(RESULTS, _patch_sampling_mask_abort)
