@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.server import ManagedServer, http_json  # noqa: E402
+from harness.server import ManagedServer  # noqa: E402
 
 ADMIN_ENV, ADMIN = "DFLASH_LEARN_BENCH_ADMIN", "learn-bench-admin-key"
 

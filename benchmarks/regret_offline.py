@@ -134,7 +134,7 @@ def load_traces(path: Path) -> dict[str, list[dict]]:
 # -- replay ---------------------------------------------------------------------------------------------------
 def fixed_time(tr: dict, b: int, costs: dict) -> tuple[float, int]:
     """(ms, steps) of upstream's block b (b = 1: plain decoding) over one request."""
-    seq, p, end = tr["seq"], tr["start"], len(tr["seq"]) - 1
+    p, end = tr["start"], len(tr["seq"]) - 1
     ms, steps = 0.0, 0
     while p < end:
         acc = 0 if b == 1 else min(int(tr[f"R{b}"][p - tr["start"]]), b - 1)

@@ -29,17 +29,16 @@ OWNED = {
 # - The circuit breaker is off. sglang-router 0.3.2 records every non-2xx answer as the replica's failure
 #   (`routers/http/router.rs`: `record_outcome(status.is_success())`), so clients' malformed or over-long bodies --
 #   a replica's 400s -- open a healthy replica's breaker, and in half-open one 4xx re-opens it: with the other
-#   replica down, every client got 503 "no available workers" for minutes (the 10-minute soak: 7,213 such errors
-#   at the router's threshold of 10, 25,193 at 3). Upstream's fix (sgl-project/sglang#39464, a cleanly answered 4xx
-#   counts as success) is in no sglang-router release installable here; set `cb_*` and
-#   `disable_circuit_breaker: false` in `fleet.router.args` once it is.
+#   replica down, every client got 503 "no available workers" for minutes (docs/BENCHMARKS.md, fleet fault soak).
+#   Upstream's fix (sgl-project/sglang#39464, a cleanly answered 4xx counts as success) is in no sglang-router
+#   release installable here; set `cb_*` and `disable_circuit_breaker: false` in `fleet.router.args` once it is.
 # - A dead replica is found by the health check instead: SGLang's `/health` answers at once without generating, so
 #   checking every second is cheap, and two failed checks (a refused connection) take the replica out of rotation
 #   within ~2 s; one success brings a restarted replica back.
 # - Retries outlast that detection: cache-aware routing sends a request's retries to the replica whose cache
 #   matches it -- the dead one, until it is out of rotation -- and the router makes `retry_max_retries` (5)
-#   attempts in all, so backoffs of 0.3, 0.6, 1.2, 2.4 s (4.5 s together, jitter +-20 %) reach a live replica.
-#   Only requests a replica was running when it died fail; nothing retried was sent to a live one before.
+#   attempts in all, so backoffs starting at 0.3 s and doubling outlast the detection and reach a live replica.
+#   Only the requests a replica was running when it died fail.
 # - Its per-request INFO lines would drown the replicas' logs in the fleet's output. The fleet starts the router
 #   before the replicas (it holds its port from the start; clients get 503 rather than a refused connection while
 #   the models load), and the router checks every 30 s whether a worker it waits for is up: 1 s makes it ready with

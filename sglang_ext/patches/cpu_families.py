@@ -10,15 +10,9 @@ from types import ModuleType
 
 from sglang_ext.patches.wrap import when_imported, wrap
 
-_applied: list[str] = []
-
-
-def install() -> list[str]:
-    if not _applied:
-        for patch in _PATCHES:
-            patch()
-            _applied.append(patch.__name__.lstrip("_"))
-    return list(_applied)
+def install() -> None:
+    """One patch (sglang_ext.patches.install applies it once, with the CPU layer)."""
+    _torch_native_for_windowed_families()
 
 
 def _torch_native_for_windowed_families() -> None:
@@ -41,6 +35,3 @@ def _torch_native_for_windowed_families() -> None:
         wrap(mh, "attention_backends_of", make)
 
     when_imported("sglang.srt.arg_groups.model_hook", patch)
-
-
-_PATCHES = (_torch_native_for_windowed_families,)

@@ -7,7 +7,6 @@ One tiny random pair (dflash_models/family_qwen3_5.py, built in seconds), three 
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import urllib.error
@@ -17,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from harness.server import ManagedServer, http_json
+from harness.server import ManagedServer
 from tests.conftest import PROMPTS, default_config
+from tests.integration.test_adaptive import by_label, scrape
 from tests.integration.test_lossless import assert_sampling_lossless
 
 pytestmark = pytest.mark.server
@@ -84,15 +84,6 @@ def plain_greedy(servers, prompt_ids):
     return [servers["plain"].generate(ids, max_new_tokens=MAX_NEW, temperature=0)["output_ids"] for ids in prompt_ids]
 
 
-def _metric(server, name: str) -> dict[str, float]:
-    out = {}
-    for line in server.metrics().splitlines():
-        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-        if m:
-            out[m.group(1) or ""] = float(m.group(2))
-    return out
-
-
 def test_plain_greedy_equals_transformers(plain_greedy, prompt_ids, hybrid_pair):
     from transformers import AutoModelForCausalLM
 
@@ -112,16 +103,15 @@ def test_dflash_greedy_equals_plain(servers, plain_greedy, prompt_ids):
 
 def test_adaptive_greedy_equals_plain_switching_width_and_retracting(servers, plain_greedy, prompt_ids):
     server = servers["adaptive"]
-    retracted = sum(_metric(server, "sglang:num_retracted_requests_total").values())
+    retracted = sum(scrape(server, "sglang:num_retracted_requests_total").values())
     single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
     assert [r["output_ids"] for r in single] == plain_greedy
     assert sum(r["meta_info"]["spec_num_correct_drafts"] for r in single) > 0  # drafts really accepted
     batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
     assert [r["output_ids"] for r in batched] == plain_greedy
-    steps = {re.search(r'block_size="(\d+)"', k).group(1): v
-             for k, v in _metric(server, "dflash_block_size_steps_total").items()}
+    steps = by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
     assert all(steps.get(str(b), 0) > 0 for b in (1, 2, 4, 8)), steps  # every width really ran
-    assert sum(_metric(server, "sglang:num_retracted_requests_total").values()) > retracted  # and retraction
+    assert sum(scrape(server, "sglang:num_retracted_requests_total").values()) > retracted  # and retraction
 
 
 def test_prefix_cache_hit_and_aborted_neighbour_change_nothing(servers, plain_greedy, prompt_ids):
