@@ -142,9 +142,10 @@ def check(config: ServeConfig) -> PreflightReport:
     if block > draft_block:
         raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
                           f"{draft_block}; use a value in 2..{draft_block}")
-    if spec.algorithm == "dflash_adaptive":  # a DFlash2 (selector) drafter: support.drafter_refusal, above
+    if spec.algorithm == "dflash_adaptive":
         _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args,
-                        hybrid=refusals.is_hybrid_target(target))
+                        hybrid=refusals.is_hybrid_target(target),
+                        selector=support.is_selector_drafter(_architecture(where)))
     fc = _safetensors_shapes(where).get("fc.weight")
     if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
@@ -165,10 +166,12 @@ def _gpu_kit_refusal(device: str) -> str | None:
             f"(on a lent GPU without sgl-kernel); unset it to serve")
 
 
-def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybrid: bool = False) -> None:
+def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybrid: bool = False,
+                    selector: bool = False) -> None:
     """The controller settings against the drafter (widths <= 4x its block; trees above it without tensor
     parallelism, with page size 1, on GPU with an attention backend that reads the tree's mask, and never for a
-    ``hybrid`` target), per-request widths (CPU, not hybrid) and the cost profile (loadable)."""
+    ``hybrid`` target or a DFlash2 ``selector`` drafter), per-request widths (CPU, neither hybrid nor selector) and
+    the cost profile (loadable)."""
     from sglang_ext.controller.cost_model import CostModel
 
     why = refusals.hybrid_device_refusal(device) if hybrid else None
@@ -184,6 +187,7 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
     if trees:
         page_size = int(sglang_args.get("page_size") or 1)
         why = ((refusals.hybrid_tree_refusal() if hybrid else None)
+               or (refusals.selector_tree_refusal() if selector else None)
                or refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
                or (None if device == "cpu" else refusals.tree_attention_refusal(
                    sglang_args.get("attention_backend"), page_size)))
@@ -191,7 +195,9 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
         raise ConfigError(refusals.tree_widths_error(trees, draft_block, why))
     why = None
     if settings.controller.per_request_widths:
-        why = refusals.hybrid_per_request_widths_refusal() if hybrid else refusals.per_request_widths_refusal(device)
+        why = (refusals.hybrid_per_request_widths_refusal() if hybrid
+               else refusals.selector_per_request_widths_refusal() if selector
+               else refusals.per_request_widths_refusal(device))
     if why is not None:
         raise ConfigError(f"speculative.adaptive.per_request_widths: {why}")
     if settings.cost_profile is not None:

@@ -101,3 +101,16 @@ def hybrid_device_refusal(device: str) -> str | None:
     return (f"a hybrid target (gated-delta-net or mamba layers) has served under dflash_adaptive on CPU only: its "
             f"per-width verify CUDA graphs with the recurrent-state buffers have not run on device {device} yet; "
             f"serve this pair with speculative.algorithm: dflash")
+
+
+def selector_tree_refusal() -> str:
+    """Why a DFlash2 (candidate-selector) drafter cannot verify a DDTree."""
+    return ("cannot take a DFlash2 drafter: its candidate selector proposes one path, and a tree built from the "
+            "selector's top-k candidates with its pairwise scores is not built (a tree from the backbone's "
+            "marginals would verify proposals the drafter was not trained to make)")
+
+
+def selector_per_request_widths_refusal() -> str:
+    """Why a DFlash2 (candidate-selector) drafter cannot draft a width per request."""
+    return ("the drafter is DFlash2: its convolutions run across a whole block and its selector walks one block "
+            "per request, and a ragged step packs blocks of several widths; set it false")

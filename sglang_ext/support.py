@@ -87,10 +87,18 @@ def last_layer_refusal(architecture: str | None, layer_ids: list[int], n_layers:
 # Drafter architectures (the drafter's config.json `architectures[0]`) -> why dflash_adaptive refuses it (None:
 # served). The worker refuses the heads that propose differently at start-up too (worker.py _refuse_unsupported).
 DRAFTERS: dict[str, str | None] = {"DFlashDraftModel": None}
-_SELECTOR = ("its candidate-selector head proposes a path the adaptive steps do not verify (they verify the "
-             "drafter's greedy block)")
-for _name in ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"):
-    DRAFTERS[_name] = _SELECTOR
+# DFlash2: a candidate selector walks one path through the target head's top-k per position (argmax for greedy
+# rows, sampled with its q for sampled rows) and grouped convolutions run across the block. dflash_adaptive
+# verifies the path's first b - 1 tokens at width b (a prefix of the walk is the walk's own distribution); trees
+# and per-request widths are refused for it (refusals.py selector_*).
+SELECTOR_DRAFTERS = frozenset({"DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"})
+for _name in SELECTOR_DRAFTERS:
+    DRAFTERS[_name] = None
+
+
+def is_selector_drafter(architecture: str | None) -> bool:
+    """Whether a drafter of this architecture proposes through DFlash2's candidate selector."""
+    return (architecture or "") in SELECTOR_DRAFTERS
 
 
 def register_drafter(architecture: str, refusal: str | None) -> None:

@@ -18,9 +18,10 @@ and Prometheus -- is controller_loop.py's (no torch, no SGLang). Feedback needs 
 block and committed tokens are copied to the host asynchronously; SGLang calls ``on_verify_complete_cpu`` after its
 own copy-done sync, in launch order, and the loop reads them then.
 
-Supported drafters: plain DFlash (z-lab format); targets: the support matrix's families (sglang_ext/support.py,
-docs/MODELS.md). Heads that propose differently (selector, LiLiCorr, Domino), a draft sliding window and targets
-outside the matrix are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
+Supported drafters: DFlash (z-lab format) and DFlash2 (a candidate selector's path, its prefix verified at width b:
+steps/draft.py; no trees or per-request widths); targets: the support matrix's families (sglang_ext/support.py,
+docs/MODELS.md). Heads that propose otherwise (LiLiCorr, Domino), a draft sliding window and targets outside the
+matrix are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
 targets are served at chain widths on CPU: the verify keeps every position's recurrent state aside and upstream's
 commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request widths and GPUs are refused.
 """
@@ -97,6 +98,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                 defers=os.environ.get(names.EAGER_APPEND) != "1")
         if os.environ.get(names.TRITON_ON_CPU) == "1":
             self._take_triton_branches_on_cpu()
+        if self.selector is not None:
+            self._refuse_for_selector_drafter()
         if rank == 0:
             logger.info("dflash-serve DFLASH_ADAPTIVE: block %d, candidates %s, mode %s, cost profile %s",
                         self.max_block, self.loop.candidates, settings.controller.mode,
@@ -108,9 +111,9 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
 
     def _refuse_unsupported(self) -> None:
         fix = "serve this pair with speculative.algorithm: dflash"
-        if self.selector is not None or self.lilicorr is not None or self._is_domino:
-            raise ValueError(f"DFLASH_ADAPTIVE supports plain DFlash drafters; this drafter has a "
-                             f"selector/LiLiCorr/Domino head: {fix}")
+        if self.lilicorr is not None or self._is_domino:
+            raise ValueError(f"DFLASH_ADAPTIVE supports DFlash and DFlash2 drafters; this drafter has a "
+                             f"LiLiCorr/Domino head: {fix}")
         if self.use_compact_draft_cache:
             raise ValueError(f"DFLASH_ADAPTIVE does not support a draft window (speculative_draft_window_size); "
                              f"unset it or {fix}")
@@ -144,6 +147,17 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if self._ragged:
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: "
                              f"{refusals.hybrid_per_request_widths_refusal()}")
+
+    def _refuse_for_selector_drafter(self) -> None:
+        """A DFlash2 drafter proposes one selector path per block (steps/draft.py): trees and per-request widths are
+        refused (the preflight's rules, for a server started without dflash-serve)."""
+        trees = [b for b in self.loop.candidates if b > self.max_block]
+        if trees:
+            why = refusals.selector_tree_refusal()
+            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, why)}")
+        if self._ragged:
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: "
+                             f"{refusals.selector_per_request_widths_refusal()}")
 
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,
@@ -206,6 +220,20 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         with block_size_as(self, self.max_block):
             super()._ensure_accept_bonus_buffers(bs)
 
+    def _selector_sampling_accept(self, *, candidates: torch.Tensor, **kwargs):
+        """Upstream keeps one dense q buffer [cap, gamma, vocab] for a DFlash2 path's sampled accept and allocates a
+        new one whenever gamma differs -- every width change here. Hand it a [cap, gamma, vocab] view of one buffer
+        sized for the trained block instead (upstream checks only the shape, and zeroes what it scattered)."""
+        bs, gamma = int(candidates.shape[0]), int(candidates.shape[1]) - 1
+        vocab = int(kwargs["next_token_logits"].shape[-1])
+        full = getattr(self, "_draft_probs_full", None)
+        if full is None or full.shape[0] < bs or full.shape[2] != vocab:
+            cap = bs if full is None else max(bs, full.shape[0] * 2)
+            full = self._draft_probs_full = torch.zeros((cap, self.max_block - 1, vocab), dtype=torch.float32,
+                                                        device=candidates.device)
+        self._draft_probs_buf = full[:, :gamma]
+        return super()._selector_sampling_accept(candidates=candidates, **kwargs)
+
     def _next_accept_bonus_buffers(self, bs: int):
         """Upstream hands out [:bs] rows of the [cap, B] buffers; a width-b accept needs a contiguous [bs, b] view
         of the same storage (b = self.block_size while a step accepts: steps/accept.py)."""
@@ -237,6 +265,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if not isinstance(draft_input, upstream.DFlashDraftInputV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        self._selector_sample = None  # a DFlash2 path's q is this step's own (steps/draft.py), never a past step's
         ctx = StepContext(self, batch, rids, decision, draft_input, len(batch.seq_lens), on_publish, grammar_barrier)
         if decision.widths is not None:
             return decode_ragged(ctx)

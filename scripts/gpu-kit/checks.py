@@ -50,16 +50,16 @@ class Check:
 # -- serving --------------------------------------------------------------------------------------------------------
 
 def tiny_config(speculative: dict) -> dict:
-    """The bundled pair in float32 on the GPU (comparisons bit for bit), small enough to share the GPU four ways."""
+    """The bundled pair in float32 on the GPU (comparisons bit for bit), small enough to share the GPU five ways."""
     pair = REPO / "models/tiny-code"
     spec = dict(speculative)
     if spec.get("algorithm", "none") != "none":
-        spec["draft_model_path"] = str(pair / "drafter")
+        spec.setdefault("draft_model_path", str(pair / "drafter"))
     return {
         "model": {"path": str(pair / "target"), "dtype": "float32", "served_name": "dflash-tiny"},
         "server": {"device": "cuda", "metrics": True, "max_running_requests": 16, "max_total_tokens": 32768},
         "speculative": spec,
-        "sglang_args": {"mem_fraction_static": 0.2, "cuda_graph_max_bs_decode": 16},
+        "sglang_args": {"mem_fraction_static": 0.15, "cuda_graph_max_bs_decode": 16},
     }
 
 
@@ -192,13 +192,27 @@ def check_tiny_adaptive_trees(work: Path) -> dict:
     return out
 
 
+def check_tiny_adaptive_dflash2(work: Path) -> dict:
+    """The bundled drafter with DFlash2's selector and convolutions added (dflash_models/dflash2.py): the selector's
+    walk inside the draft CUDA graph, its path verified at every width, its q accepted for sampled requests."""
+    from dflash_models import dflash2
+
+    drafter = dflash2.convert(REPO / "models/tiny-code/drafter", work / "dflash2-drafter")
+    out = _tiny(work, "tiny-adaptive-dflash2", {"algorithm": "dflash_adaptive", "draft_model_path": str(drafter),
+                                                "adaptive": {"mode": "cycle"}}, extra=_sampling_smoke)
+    if not out.get("sampled_ok"):
+        out["problems"].append(f"sampling at temperature 1 returned lengths {out.get('sampled_lengths')}")
+    out["status"] = "fail" if out["problems"] else "pass"
+    return out
+
+
 def compare_greedy(results: dict[str, dict]) -> dict:
     """Greedy outputs of every speculative tiny check against plain decoding's, token for token."""
     base = results.get("tiny_plain", {}).get("detail", {}).get("output_ids")
     if base is None:
         return {"status": "skipped", "why": "tiny_plain produced no outputs"}
     detail = {}
-    for name in ("tiny_dflash", "tiny_adaptive_cycle", "tiny_adaptive_trees"):
+    for name in ("tiny_dflash", "tiny_adaptive_cycle", "tiny_adaptive_trees", "tiny_adaptive_dflash2"):
         spec = results.get(name, {}).get("detail", {}).get("output_ids")
         if spec is None:
             detail[name] = "no outputs"
@@ -304,6 +318,7 @@ CHECKS = [
     Check("tiny_dflash", "tiny", 300, check_tiny_dflash),
     Check("tiny_adaptive_cycle", "tiny", 300, check_tiny_adaptive_cycle),
     Check("tiny_adaptive_trees", "tiny", 300, check_tiny_adaptive_trees),
+    Check("tiny_adaptive_dflash2", "tiny", 300, check_tiny_adaptive_dflash2),
     Check("tiny_greedy_matches_plain", "compare", 5, lambda work: {}),
     Check("big_adaptive_steps", "big", 300, check_big_adaptive_steps),
     Check("big_sweep_plain", "big", 180, check_big_sweep_plain),

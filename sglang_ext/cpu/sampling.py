@@ -68,3 +68,65 @@ def chain_speculative_sampling_target_only(
     nxt = torch.cat([candidates[:, 1:], candidates[:, :1]], dim=1)  # token after row j is draft j+1
     flat.copy_(torch.where(steps.view(1, n) < accepted.view(bs, 1), nxt, 0).to(predicts.dtype))
     flat[rows, accepted] = final.to(predicts.dtype)
+
+
+def chain_speculative_sampling_with_draft_probs(
+    predicts: torch.Tensor,  # flat: the token after each accepted row, then the final token (the kernel's layout)
+    accept_index: torch.Tensor,  # [bs, n] out: flat row ids of the anchor + accepted rows
+    accept_token_num: torch.Tensor,  # [bs] out: accepted draft tokens
+    candidates: torch.Tensor,  # [bs, n]: anchor, then draft tokens
+    retrive_index: torch.Tensor,  # [bs, n]: flat row id of each slot
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,  # [bs, >= n - 1]: coin per draft token
+    uniform_samples_for_final_sampling: torch.Tensor,  # [bs]
+    target_probs: torch.Tensor,  # [bs, n, V]: p at each row
+    draft_probs: torch.Tensor,  # [bs, n - 1, V]: q of each draft token's position
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    deterministic: bool = True,
+    *,
+    block_verification: bool = False,
+) -> None:
+    """Pure-torch version of SGLang's `chain_speculative_sampling_triton` (kernels/ops/speculative/
+    reject_sampling.py, `speculative_sampling_classic_kernel`): rejection sampling of a chain drafted from q, the
+    path a DFlash2 selector draws. Token-by-token: accept d_j iff q_j(d_j) is a probability and u_j * q_j(d_j) <
+    p_j(d_j); at the first rejection the final token comes from relu(p - q) at that row, by inverse CDF with the
+    final coin (from p itself when every draft was accepted). Exact for any q: the output is distributed as p.
+    The same coins give the kernel's outputs (tests/unit/test_cpu_sampling.py runs both)."""
+    if block_verification:
+        raise NotImplementedError("block verification (speculative_use_block_verification) has no CPU sampler; "
+                                  "unset it on CPU")
+    bs, n = candidates.shape
+    device = target_probs.device
+    rows = torch.arange(bs, device=device)
+    steps = torch.arange(n, device=device)
+    drafts = candidates[:, 1:].long().unsqueeze(-1)  # [bs, n - 1, 1]
+    p = target_probs[:, : n - 1].gather(-1, drafts).squeeze(-1).float()
+    q = draft_probs[:, : n - 1].gather(-1, drafts).squeeze(-1).float()
+    coins = uniform_samples[:, : n - 1].float()
+    ok = (q > 0) & (q <= 1) & (coins * q < p)
+    accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)  # [bs]
+
+    last = target_probs[rows, accepted].float()  # p at the last accepted row
+    rejected = accepted < n - 1
+    if bool(rejected.any()):
+        q_row = draft_probs[rows, accepted.clamp(max=max(n - 2, 0))].float()
+        q_row = torch.where((q_row >= 0) & (q_row <= 1), q_row, torch.zeros_like(q_row))
+        residual = torch.relu(last - q_row)
+        last = torch.where(rejected.view(bs, 1), residual, last)
+    cdf = torch.cumsum(last, dim=-1)
+    u = uniform_samples_for_final_sampling.float() * cdf[:, -1]
+    # the kernel's first index whose running sum exceeds u; none (a zero residual): the last token
+    final = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1).clamp(max=last.shape[-1] - 1)
+
+    ridx = retrive_index[:bs].long()
+    taken = steps.view(1, n) <= accepted.view(bs, 1)
+    accept_index[:bs] = torch.where(taken, ridx, accept_index[:bs]).to(accept_index.dtype)
+    accept_token_num[:bs] = accepted.to(accept_token_num.dtype)
+    # the token after accepted row j is draft j + 1; after the last accepted row, the final token
+    before = steps.view(1, n) < accepted.view(bs, 1)
+    src = ridx[before]
+    if n > 1:
+        predicts[src] = candidates[:, 1:][before[:, : n - 1]].to(predicts.dtype)
+    predicts[ridx[rows, accepted]] = final.to(predicts.dtype)

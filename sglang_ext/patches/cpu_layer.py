@@ -273,6 +273,28 @@ def _chain_sampling_verify() -> None:
     when_imported("sglang.srt.speculative.dflash_utils", patch)
 
 
+def _draft_probs_sampling_verify() -> None:
+    """kernels/ops/speculative/dspark/dspark_accept.py `_accept_sampling_core` verifies a draft drawn from its own
+    distribution q (a DFlash2 selector's path at temperature > 0: dflash_worker_v2 `_selector_sampling_accept`)
+    with `chain_speculative_sampling_triton`, a Triton kernel with no CPU device: the first sampled request crashed
+    the scheduler. On CPU tensors the same rejection sampling in torch (cpu/sampling.py)."""
+    from sglang_ext.cpu.sampling import chain_speculative_sampling_with_draft_probs
+
+    def make(original):
+        def sample(*args, **kwargs):
+            probs = kwargs.get("target_probs", args[9] if len(args) > 9 else None)
+            if probs is None or probs.device.type != "cpu":
+                return original(*args, **kwargs)
+            return chain_speculative_sampling_with_draft_probs(*args, **kwargs)
+
+        return sample
+
+    def patch(dspark_accept: ModuleType) -> None:
+        wrap(dspark_accept, "chain_speculative_sampling_triton", make)
+
+    when_imported("sglang.kernels.ops.speculative.dspark.dspark_accept", patch)
+
+
 def _gated_rmsnorm_in_torch() -> None:
     """kernels/ops/attention/fla/layernorm_gated.py `RMSNorm.forward` (the gated-delta-net output norm of Qwen3.5)
     calls the CPU op only where the CPU has AMX, else the Triton `layernorm_fn`, which has no CPU device: on CPU
@@ -323,6 +345,7 @@ _PATCHES = [
     _input_embeds_in_runner_dtype,
     _torch_native_block_attention,
     _chain_sampling_verify,
+    _draft_probs_sampling_verify,
     _gated_rmsnorm_in_torch,
     _mamba_verify_commit_in_torch,
 ]

@@ -28,6 +28,8 @@ def decode_chain(ctx: StepContext) -> GenerationBatchResult:
         drafted = tokens[:, 1:].to("cpu", non_blocking=True)
     elif b > 1:  # the controller asks for less than the full block only with prefix drafts
         tokens[:, 1:b].copy_(draft_forward(ctx, window, b).tokens)
+    if w._selector_sample is not None and ctx.decision.draft_full and b < B:  # a DFlash2 path's q, for its prefix
+        w._selector_sample = None if b == 1 else tuple(t[:, : b - 1] for t in w._selector_sample)
     cand = tokens if b == B else tokens[:, :b].contiguous()
     result = verify_chain(ctx, window, cand, b)
     committed = result.next_token_ids.view(bs, b).to("cpu", non_blocking=True)

@@ -1,6 +1,7 @@
 """The draft forward of a decode step: upstream's drafter over the first ``width`` positions of the step's window."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,7 @@ import torch
 
 from sglang_ext.cpu.attention import RaggedBlock
 from sglang_ext.patches.cpu_layer import RAGGED_ATTR
-from sglang_ext.steps.context import StepContext
+from sglang_ext.steps.context import StepContext, block_size_as
 from sglang_ext.steps.window import StepWindow, host_kv_bound
 from sglang_ext.tree.marginals import top_log_probs
 
@@ -74,8 +75,13 @@ def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k:
     window.plan.bind(forward_batch, w.draft_model_runner.kv_index_translator,
                      cols=cols if ragged is not None
                      else None if window.cache_loc.shape[1] == width else slice(0, width))
-    with torch.inference_mode(), upstream.draft_tp_context(w.draft_parallel_layout):
+    if w.selector is not None and w._draft_sampler is not None:  # read by the draft graph's in-graph walk
+        w._draft_sampler.stage_sampling_params(bs=bs, sampling_info=batch.sampling_info)
+    with torch.inference_mode(), upstream.draft_tp_context(w.draft_parallel_layout), conv_block_as(w.draft_model,
+                                                                                                  width):
         out = w.draft_model_runner.forward(forward_batch)
+    if w.selector is not None:  # trees and ragged steps are refused for DFlash2 drafters (worker.py)
+        return Draft(selector_path(ctx, out, width, block_ids[:, 0], lm_head))
     if w._draft_sampler is not None and out.can_run_graph and not marginals_k:
         return Draft(w._draft_sampler.out[: bs * (width - 1)].view(bs, width - 1))  # the greedy head, in the graph
     # (a tree step's marginals read the hidden states: the draft graph outputs them, its head is folded after)
@@ -96,6 +102,39 @@ def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k:
     with upstream.draft_tp_context(w.draft_parallel_layout):
         return Draft(w._greedy_sample_from_vocab_parallel_head(
             hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, width - 1))
+
+
+def selector_path(ctx: StepContext, out: Any, width: int, anchors: torch.Tensor, lm_head: Any) -> torch.Tensor:
+    """A DFlash2 drafter's proposal [bs, width - 1]: its candidate selector's walk through the target head's top-k
+    at each drafted position -- upstream's own (the walk inside the draft CUDA graph, or `_propose_selector_block`
+    eagerly): the argmax path for greedy rows, a sampled one for sampled rows, whose q (candidates and
+    probabilities per position) upstream leaves in ``_selector_sample`` for its accept's rejection sampling."""
+    w, bs = ctx.worker, ctx.bs
+    if w._draft_sampler is not None and out.can_run_graph:  # GPU, the full block the graph was captured for
+        sampler = w._draft_sampler
+        if w._selector_sampling_enabled and not upstream._is_all_greedy(ctx.batch.sampling_info):
+            w._selector_sample = (sampler.candidate_out[:bs], sampler.q_out[:bs])
+        return sampler.out[: bs * (width - 1)].view(bs, width - 1)
+    with block_size_as(w, width), upstream.draft_tp_context(w.draft_parallel_layout):
+        return w._propose_selector_block(draft_logits_output=out.logits_output, bs=bs, lm_head=lm_head,
+                                         anchor_token_ids=anchors, sampling_info=ctx.batch.sampling_info)
+
+
+@contextlib.contextmanager
+def conv_block_as(draft_model: Any, width: int):
+    """DFlash2's grouped convolutions (models/dflash.py DFlashGroupedConv) find each row's position in its block as
+    the row index modulo their ``block_size``: a prefix draft of ``width`` rows a request needs that width there.
+    Nothing to do for a DFlash drafter (no convolutions) or at the trained block."""
+    convs = [c for layer in getattr(draft_model, "layers", ())
+             for c in (getattr(layer, "attention_conv", None), getattr(layer, "mlp_conv", None)) if c is not None]
+    saved = [c.block_size for c in convs]
+    for c in convs:
+        c.block_size = width
+    try:
+        yield
+    finally:
+        for c, b in zip(convs, saved):
+            c.block_size = b
 
 
 def marginals(hidden: torch.Tensor, lm_head: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:

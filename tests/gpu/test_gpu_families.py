@@ -53,3 +53,31 @@ def test_family_adaptive_cycle_matches_plain_decoding_on_gpu(family):
     assert "captured target verify graphs for width" in log, "per-width verify CUDA graphs were not captured"
     assert spec == base and spec_batched == base_batched == base
     assert max(r["meta_info"]["spec_accept_length"] for r in single) > 1.2
+
+
+def test_dflash2_drafter_adaptive_cycle_matches_upstream_and_plain_decoding_on_gpu():
+    """A DFlash2 drafter (a random DFlash drafter with DFlash2's selector and convolutions added,
+    dflash_models/dflash2.py) on the Qwen3 family: the selector's walk runs inside the draft CUDA graph, and its
+    path verified at every width of the cycle gives plain decoding's greedy output; sampled requests reach the
+    selector's q accept (upstream's Triton rejection kernel) without error."""
+    from transformers import AutoTokenizer
+
+    from dflash_models import dflash2, families
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pair = families.build("qwen3", Path(tmp) / "qwen3")
+        drafter = dflash2.convert(pair["drafter"], Path(tmp) / "dflash2", conv_group_size=16)
+        tok = AutoTokenizer.from_pretrained(str(pair["target"]))
+        prompts = [tok(p)["input_ids"] for p in PROMPTS[:4]]
+        base, base_batched, _, _ = _greedy(_config(pair, {"algorithm": "none"}), Path(tmp), "d2-plain", prompts)
+        cycle = {"algorithm": "dflash_adaptive", "draft_model_path": str(drafter),
+                 "adaptive": {"mode": "cycle", "candidates": [1, 2, 4, 8]}}
+        cfg = _config(pair, cycle)
+        with ManagedServer(cfg, Path(tmp), "d2-cycle") as server:
+            spec = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0)["output_ids"] for ids in prompts]
+            spec_batched = [r["output_ids"] for r in server.generate(prompts, max_new_tokens=MAX_NEW, temperature=0)]
+            sampled = server.generate(prompts * 4, max_new_tokens=MAX_NEW, temperature=1.0)
+            log = server.log_tail(600)
+    assert "selector decode folded into the draft cuda graph" in log
+    assert spec == base and spec_batched == base_batched == base
+    assert all(len(r["output_ids"]) == MAX_NEW for r in sampled)

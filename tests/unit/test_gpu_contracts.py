@@ -63,6 +63,12 @@ CALLS = [
       "speculative_num_draft_tokens", "new_seq_lens", "routed_experts_output", "indexer_topk_output"]),
     # worker: a tree on GPU (verify_runtimes.tree_verify_refusal resolves the verify backend as upstream does)
     ("sglang.srt.speculative.dflash_utils:resolve_dflash_verify_mask_policy", ["attn_backend"]),
+    # a DFlash2 drafter (steps/draft.py selector_path; worker._selector_sampling_accept)
+    ("sglang.srt.speculative.dflash_worker_v2:_SelectorDraftSampler.stage_sampling_params", ["bs", "sampling_info"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._propose_selector_block",
+     ["draft_logits_output", "bs", "lm_head", "anchor_token_ids", "sampling_info"]),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._selector_sampling_accept",
+     ["candidates", "next_token_logits", "candidate_ids", "q_rows", "sampling_info", "draft_input"]),
     # feedback hooks the scheduler calls on the worker
     ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.on_verify_complete_cpu",
      ["num_correct_drafts_per_req", "batch_size"]),
@@ -161,6 +167,20 @@ SOURCES = [
     # - no metadata glue graph for DFLASH (it would freeze the capture-time plan, mask included)
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
      "if enable_metadata_glue and model_runner.spec_algorithm.is_dflash_family():"),
+    # a DFlash2 drafter on GPU: the draft graph's in-graph walk leaves the path, its candidates and q in the
+    # sampler's buffers, and upstream's accept reads the q from `_selector_sample`
+    ("sglang.srt.speculative.dflash_worker_v2:_SelectorDraftSampler.__call__", "self.candidate_out[:bs].copy_("),
+    ("sglang.srt.speculative.dflash_worker_v2:_SelectorDraftSampler.__call__", "self.q_out[:bs].copy_(q_rows)"),
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._accept_block",
+     "selector_candidate_ids, selector_q_rows = self._selector_sample"),
+    # - the dense q buffer is re-made only when its shape differs: a [cap, gamma, vocab] view of one buffer passes
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._selector_sampling_accept",
+     "buffer.shape[1:] != (gamma, vocab)"),
+    # - the eager walk reads the drafted block's hidden states at self.block_size (the worker sets it to the width)
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._propose_selector_block",
+     "draft_hidden.view(bs, int(self.block_size), -1)"),
+    # - the convolutions find a row's position in its block from their block_size (steps/draft.py conv_block_as)
+    ("sglang.srt.models.dflash:DFlashGroupedConv._convolve", "self.block_size,"),
     # the chain-verify buffer cache is keyed by the device's index (the prewarm passes an indexed device)
     ("sglang.srt.speculative.dflash_utils:_get_or_create_chain_verify_buffers",
      "key = (device.index, int(draft_token_num))"),

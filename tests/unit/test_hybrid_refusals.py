@@ -53,22 +53,6 @@ def test_hybrid_is_read_from_the_targets_config(config, hybrid):
     assert refusals.is_hybrid_target(config) is hybrid
 
 
-def test_a_dflash2_drafter_is_refused_with_the_reason_and_the_fix(tmp_path, hybrid_pair):
-    """DFlash2 (selector) drafters are not served by dflash_adaptive yet: the preflight says so and names dflash."""
-    import json
-    import shutil
-
-    drafter = tmp_path / "dflash2"
-    shutil.copytree(hybrid_pair["drafter"], drafter)
-    cfg = json.loads((drafter / "config.json").read_text())
-    cfg["architectures"] = ["DFlash2DraftModel"]
-    cfg["dflash_config"] |= {"conv_kernel_size": 3, "conv_group_size": 4, "selector_rank": 8, "selector_top_k": 4}
-    (drafter / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: drafter architecture DFlash2DraftModel: its "
-                                          r"candidate-selector head .*serve it with speculative.algorithm: dflash"):
-        _check(tmp_path, {"target": hybrid_pair["target"], "drafter": drafter}, candidates=[1, 2, 4, 8])
-
-
 def test_a_gpu_is_refused_for_a_hybrid_target_until_it_has_served_there(tmp_path, hybrid_pair):
     data = {"model": {"path": str(hybrid_pair["target"])}, "server": {"device": "cuda"},
             "speculative": {"algorithm": "dflash_adaptive", "draft_model_path": str(hybrid_pair["drafter"])}}

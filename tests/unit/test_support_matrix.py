@@ -96,7 +96,8 @@ def test_every_refusal_of_what_upstream_serves_is_explained_in_models_doc():
 def test_the_guard_fails_on_a_refusal_without_a_line():
     doc = (REPO / support.MODELS_DOC).read_text()
     drafts, targets = upstream_dflash()
-    assert unexplained(doc.replace("`DFlash2DraftModel`", "DFlash2"), drafts, targets) == ["DFlash2DraftModel"]
+    assert unexplained(doc.replace("`MuseGlimmerAssistantModel`", "MuseGlimmer"), drafts, targets) == [
+        "MuseGlimmerAssistantModel"]
 
 
 def test_every_matrix_row_has_a_builder_and_a_line_in_the_doc():
@@ -151,12 +152,28 @@ def test_a_target_outside_the_matrix_is_refused_by_dflash_adaptive_only(tmp_path
     _check(tmp_path, pair, "none")
 
 
-def test_a_drafter_with_a_selector_head_is_refused_by_dflash_adaptive(tmp_path, pair):
-    _edit(pair["drafter"], architectures=["DFlash2DraftModel"])
-    with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: drafter architecture DFlash2DraftModel: "
-                                          r"its candidate-selector head"):
-        _check(tmp_path, pair, "dflash_adaptive")
+@pytest.mark.parametrize("architecture", sorted(support.SELECTOR_DRAFTERS))
+def test_a_dflash2_drafter_is_served_at_chain_widths_and_its_trees_and_ragged_steps_refused(tmp_path, pair,
+                                                                                          architecture):
+    _edit(pair["drafter"], architectures=[architecture])
+    _check(tmp_path, pair, "dflash_adaptive")
     _check(tmp_path, pair, "dflash")
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.candidates: .*cannot take a DFlash2 drafter: its "
+                                          r"candidate selector proposes one path"):
+        _check_adaptive(tmp_path, pair, candidates=[1, 2, 4, 8, 16, 32])
+    with pytest.raises(ConfigError, match=r"^speculative.adaptive.per_request_widths: the drafter is DFlash2: .*"
+                                          r"set it false"):
+        _check_adaptive(tmp_path, pair, per_request_widths=True)
+    _check_adaptive(tmp_path, pair, candidates=[1, 2, 4, 8, 16])
+
+
+def _check_adaptive(tmp_path: Path, pair, **adaptive):
+    data = {"model": {"path": str(pair["target"]), "dtype": "float32"},
+            "speculative": {"algorithm": "dflash_adaptive", "draft_model_path": str(pair["drafter"]),
+                            "adaptive": adaptive}}
+    path = tmp_path / "adaptive.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return check(load_config(path))
 
 
 def test_a_draft_window_is_refused_by_dflash_adaptive(tmp_path, pair):
