@@ -1,13 +1,15 @@
-"""Committed tokens per verify step on the tiny hybrid (Qwen3.5 text) pair, through real servers on CPU.
+"""Committed tokens per verify step on the support matrix's newer pairs, through real servers on CPU.
 
-The random biased pair of dflash_models/family_qwen3_5.py (built here in seconds) under plain decoding, upstream
-`dflash`, `dflash_adaptive` fixed at the drafter's block and `dflash_adaptive` in its default mode; greedy, the test
-prompts, one request at a time. Tokens per step = completion tokens / verify steps (plain: 1). Every output is
-compared with plain decoding's. Seconds are one pass on a shared CPU: read them only side by side, never as a
-speed claim (the pair is random; its acceptance is the bias's, not a trained drafter's).
+`--pair` picks the pair (built here): `random`, the random biased hybrid (Qwen3.5 text) pair of
+dflash_models/family_qwen3_5.py, on the test prompts; `memorized`, that pair trained for about a minute to memorize
+a few stdlib snippets (dflash_models/memorized_pair.py), on the snippets' openings; `dflash2`, the bundled target
+with the bundled drafter turned DFlash2 (dflash_models/dflash2.py), on the test prompts. Each under plain decoding,
+upstream `dflash`, `dflash_adaptive` fixed at the drafter's block and `dflash_adaptive` in its default mode; greedy,
+one request at a time. Tokens per step = completion tokens / verify steps (plain: 1). Every output is compared with
+plain decoding's. Seconds are one pass of tiny models: read them only side by side.
 Prints a table and writes JSON.
 
-    python benchmarks/hybrid_target.py [--max-new 24] [--out benchmarks/results/hybrid_target_cpu.json]
+    python benchmarks/hybrid_target.py [--pair random|memorized|dflash2] [--max-new 24] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -41,19 +43,31 @@ def configs(pair: dict, block: int) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pair", choices=("random", "memorized", "dflash2"), default="random")
     p.add_argument("--max-new", type=int, default=24)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/hybrid_target_cpu.json"))
+    p.add_argument("--out", default=None, help="default: benchmarks/results/hybrid_target_cpu.json for the random "
+                                               "pair, benchmarks/results/pair_<name>_cpu.json otherwise")
     a = p.parse_args(argv)
+    out_path = a.out or str(REPO / "benchmarks/results" / ("hybrid_target_cpu.json" if a.pair == "random"
+                                                           else f"pair_{a.pair}_cpu.json"))
     from transformers import AutoTokenizer
 
-    from dflash_models import family_qwen3_5
+    from dflash_models import dflash2, family_qwen3_5, memorized_pair
 
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-"))
-    spec = family_qwen3_5.Qwen35Spec()
-    pair = family_qwen3_5.build(work / "pair", spec)
+    if a.pair == "dflash2":
+        bundled = REPO / "models/tiny-code"
+        pair = {"target": bundled / "target", "drafter": dflash2.convert(bundled / "drafter", work / "dflash2")}
+        block = json.loads((bundled / "drafter/config.json").read_text())["block_size"]
+    else:
+        spec = family_qwen3_5.Qwen35Spec()
+        pair, block = family_qwen3_5.build(work / "pair", spec), spec.block_size
+        if a.pair == "memorized":
+            memorized_pair.build(pair["target"], pair["drafter"])
     tok = AutoTokenizer.from_pretrained(str(pair["target"]))
-    ids = [tok(text)["input_ids"] for text in PROMPTS]
-    servers = {n: ManagedServer(c, work, n, startup_timeout=900).spawn() for n, c in configs(pair, spec.block_size).items()}
+    ids = (memorized_pair.prompts(pair["target"])[:8] if a.pair == "memorized"
+           else [tok(text)["input_ids"] for text in PROMPTS])
+    servers = {n: ManagedServer(c, work, n, startup_timeout=900).spawn() for n, c in configs(pair, block).items()}
     rows: dict[str, dict] = {}
     try:
         for s in servers.values():
@@ -76,9 +90,9 @@ def main(argv: list[str] | None = None) -> None:
         r["same_as_plain"] = r.pop("outputs") == plain
         print(f"{name:18} {r['tokens']:6d} {r['verify_steps']:6d} {r['tokens_per_step']:8.2f} {r['seconds']:8.2f}  "
               f"{r['same_as_plain']}")
-    Path(a.out).write_text(json.dumps({"max_new": a.max_new, "prompts": len(ids), "block": spec.block_size,
-                                       "rows": rows}, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    Path(out_path).write_text(json.dumps({"pair": a.pair, "max_new": a.max_new, "prompts": len(ids), "block": block,
+                                          "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out_path}")
 
 
 if __name__ == "__main__":

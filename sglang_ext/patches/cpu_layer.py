@@ -295,6 +295,21 @@ def _draft_probs_sampling_verify() -> None:
     when_imported("sglang.kernels.ops.speculative.dspark.dspark_accept", patch)
 
 
+def _dflash2_ops_eager() -> None:
+    """models/dflash.py compiles DFlash2's selector (`_score_edges`, `_follow_maps`) and grouped convolution
+    (`_grouped_conv`) with torch.compile and marks the block's width static: on CPU each new verify width (and the
+    first batch sizes) compiled again inside a decode step, and the adaptive controller, reading those steps' times,
+    stopped drafting (docs/BENCHMARKS.md). On CPU they run as the plain functions torch.compile wraps."""
+
+    def patch(dflash: ModuleType) -> None:
+        for name in ("_score_edges", "_follow_maps", "_grouped_conv"):
+            original = getattr(getattr(dflash, name), "_torchdynamo_orig_callable", None)
+            if original is not None:
+                setattr(dflash, name, original)
+
+    when_imported("sglang.srt.models.dflash", patch)
+
+
 def _gated_rmsnorm_in_torch() -> None:
     """kernels/ops/attention/fla/layernorm_gated.py `RMSNorm.forward` (the gated-delta-net output norm of Qwen3.5)
     calls the CPU op only where the CPU has AMX, else the Triton `layernorm_fn`, which has no CPU device: on CPU
@@ -346,6 +361,7 @@ _PATCHES = [
     _torch_native_block_attention,
     _chain_sampling_verify,
     _draft_probs_sampling_verify,
+    _dflash2_ops_eager,
     _gated_rmsnorm_in_torch,
     _mamba_verify_commit_in_torch,
 ]

@@ -1,9 +1,12 @@
 """A hybrid target (Qwen3.5 text: gated-delta-net + full-attention layers) served on CPU: plain decoding equals
 transformers', upstream `dflash` and `dflash_adaptive` (switching width every step, width 1 included, while the
-scheduler retracts requests) equal plain decoding, a prefix-cache hit and an aborted neighbour change nothing, and
-sampled output keeps plain decoding's distribution.
+scheduler retracts requests) equal plain decoding while committing several tokens a step, a prefix-cache hit and
+an aborted neighbour change nothing, and sampled output keeps plain decoding's distribution.
 
-One tiny random pair (dflash_models/family_qwen3_5.py, built in seconds), three servers started side by side."""
+One tiny pair (dflash_models/family_qwen3_5.py) trained for about a minute to memorize a few stdlib snippets
+(dflash_models/memorized_pair.py), prompted with their openings: drafts are accepted several at a time while the
+continuation is memorized and partly past its end, so the recurrent state is committed after accepted prefixes of
+every length. Three servers started side by side."""
 from __future__ import annotations
 
 import json
@@ -17,12 +20,12 @@ import pytest
 import torch
 
 from harness.server import ManagedServer
-from tests.conftest import PROMPTS, default_config
+from tests.conftest import default_config
 from tests.integration.test_adaptive import by_label, scrape
 from tests.integration.test_lossless import assert_sampling_lossless
 
 pytestmark = pytest.mark.server
-MAX_NEW = 24
+MAX_NEW = 96  # past the memorized continuation (80 tokens): full and partial acceptance both
 BLOCK = 8  # the tiny drafter's trained block
 CYCLE = [1, 2, 8, 4, 1, 8, 2]  # every chain width, width 1 next to itself and next to the full block
 ADMIN, ADMIN_ENV = "hybrid-admin-7c2a", "DFLASH_HYBRID_ADMIN_KEY"  # /abort_request is an admin route
@@ -32,9 +35,11 @@ RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", ADMIN_ENV: ADMIN}
 
 @pytest.fixture(scope="module")
 def hybrid_pair(tmp_path_factory):
-    from dflash_models import family_qwen3_5
+    from dflash_models import family_qwen3_5, memorized_pair
 
-    return family_qwen3_5.build(tmp_path_factory.mktemp("qwen3_5"))
+    pair = family_qwen3_5.build(tmp_path_factory.mktemp("qwen3_5"))
+    memorized_pair.build(pair["target"], pair["drafter"], log=lambda *_: None)
+    return pair
 
 
 def _config(pair, **speculative) -> dict:
@@ -75,8 +80,10 @@ def tokenizer(hybrid_pair):
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tokenizer):
-    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+def prompt_ids(hybrid_pair):
+    from dflash_models import memorized_pair
+
+    return memorized_pair.prompts(hybrid_pair["target"])[:6]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,8 @@ def test_adaptive_greedy_equals_plain_switching_width_and_retracting(servers, pl
     retracted = sum(scrape(server, "sglang:num_retracted_requests_total").values())
     single = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
     assert [r["output_ids"] for r in single] == plain_greedy
-    assert sum(r["meta_info"]["spec_num_correct_drafts"] for r in single) > 0  # drafts really accepted
+    accept = [r["meta_info"]["spec_accept_length"] for r in single]
+    assert sum(accept) / len(accept) >= 2.0, accept  # the multi-token commit, width-1 steps included
     batched = server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
     assert [r["output_ids"] for r in batched] == plain_greedy
     steps = by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
@@ -167,5 +175,6 @@ def test_prefix_cache_hit_and_aborted_neighbour_change_nothing(servers, plain_gr
 def test_adaptive_sampling_keeps_plain_distribution(servers, tokenizer):
     """One arm of tests/integration/test_lossless.py's sampling test (temperature 1, no cuts): the same samples,
     chi-square and ALPHA (false failures <= 2e-3 per run). Its power was measured on the bundled target
-    (docs/BENCHMARKS.md, "Sampling checks' power"), not on this random hybrid pair."""
+    (docs/BENCHMARKS.md, "Sampling checks' power"), not on this pair; drafts are accepted at temperature 1 here
+    too (the shared helper asserts it)."""
     assert_sampling_lossless(servers["adaptive"], servers["plain"], tokenizer, {})

@@ -29,6 +29,11 @@ out = {
     "draft_backend_choice": "torch_native" in choices.DRAFT_ATTENTION_BACKEND_CHOICES,
     "record_stream_patched": (getattr(torch.Tensor.record_stream, "__module__", None) or "").startswith("sglang_ext"),
     "kernels_bound": getattr(sys.modules["sgl_kernel"], "assign_req_to_token_pool_cpu", None).__module__,
+    # DFlash2's selector and convolutions: torch.compile's wrappers, or (CPU layer) the functions they wrap
+    "dflash2_ops_eager": not any(hasattr(getattr(dm, n), "_torchdynamo_orig_callable")
+                                 for n in ("_score_edges", "_follow_maps", "_grouped_conv")),
+    "draft_probs_sampler": __import__("sglang.kernels.ops.speculative.dspark.dspark_accept",
+                                      fromlist=["x"]).chain_speculative_sampling_triton.__module__,
 }
 try:
     import sgl_kernel
@@ -54,7 +59,8 @@ def test_inactive_without_the_environment_variable():
     assert out["registered_imports"] == []
     assert out["kernels_bound"] == "sglang_ext.cpu.stubs"  # raising stubs only: no CPU kernels bound
     assert not any(out[k] for k in ("attn_patched", "decode_patched", "sampler_available", "handle_dflash_patched",
-                                    "draft_backend_choice", "record_stream_patched"))
+                                    "draft_backend_choice", "record_stream_patched", "dflash2_ops_eager"))
+    assert not out["draft_probs_sampler"].startswith("sglang_ext")
 
 
 def test_active_with_the_environment_variable():
@@ -65,6 +71,7 @@ def test_active_with_the_environment_variable():
     # itself (main process: that would break SGLang's multiprocess metrics).
     assert out["registered_imports"] == []
     assert all(out[k] for k in ("attn_patched", "decode_patched", "sampler_available", "handle_dflash_patched",
-                                "draft_backend_choice", "record_stream_patched"))
+                                "draft_backend_choice", "record_stream_patched", "dflash2_ops_eager"))
+    assert out["draft_probs_sampler"].startswith("sglang_ext")
     assert out["stub_call"].startswith("MissingKernelError: sgl_kernel.fused_add_rmsnorm was called")
     assert out["scalar_type"] == "ImportError"
