@@ -2,7 +2,9 @@
 mode (every width, switching every step; per-width verify CUDA graphs) emits what plain decoding emits. The tiny
 random pairs are built on the machine from transformers' config classes (dflash_models/families.py: no model hub),
 served in fp32 with Triton attention (the backend SGLang accepts for every family here, sliding windows and
-gpt-oss's sinks included, and one that runs fp32), so greedy outputs compare token for token.
+gpt-oss's sinks included, and one that runs fp32), so greedy outputs compare token for token. Also a DFlash2
+drafter under `dflash_adaptive` (the selector's walk in the draft CUDA graph) and the Qwen3.5 hybrid under upstream
+`dflash` (and `dflash_adaptive` refused there until it has served on a GPU).
 `python3 -m pytest tests/gpu/test_gpu_families.py` on any CUDA GPU; skipped elsewhere (tests/gpu/conftest.py)."""
 from __future__ import annotations
 
@@ -81,3 +83,33 @@ def test_dflash2_drafter_adaptive_cycle_matches_upstream_and_plain_decoding_on_g
     assert "selector decode folded into the draft cuda graph" in log
     assert spec == base and spec_batched == base_batched == base
     assert all(len(r["output_ids"]) == MAX_NEW for r in sampled)
+
+
+def test_hybrid_target_under_dflash_matches_plain_and_adaptive_is_refused_on_gpu(tmp_path):
+    """The Qwen3.5 hybrid (gated delta net + full attention) on a GPU: upstream `dflash` (its mamba verify commit,
+    CUDA graphs) gives plain decoding's greedy output, and `dflash_adaptive` is refused by the preflight with the
+    reason and the fix until its per-width verify graphs with the recurrent-state buffers have served here."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from dflash_models import family_qwen3_5
+    from service.config import ConfigError, load_config
+    from service.preflight import check
+
+    pair = family_qwen3_5.build(tmp_path / "qwen3_5")
+    tok = AutoTokenizer.from_pretrained(str(pair["target"]))
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:4]]
+
+    def hybrid(spec: dict) -> dict:
+        cfg = _config(pair, spec)
+        cfg["sglang_args"]["max_mamba_cache_size"] = 64
+        return cfg
+
+    base, base_batched, _, _ = _greedy(hybrid({"algorithm": "none"}), tmp_path, "hybrid-plain", prompts)
+    spec, spec_batched, _, _ = _greedy(hybrid({"algorithm": "dflash", "draft_model_path": str(pair["drafter"])}),
+                                       tmp_path, "hybrid-dflash", prompts)
+    assert spec == base and spec_batched == base_batched == base
+    path = tmp_path / "adaptive.yaml"
+    path.write_text(yaml.safe_dump(hybrid({"algorithm": "dflash_adaptive", "draft_model_path": str(pair["drafter"])})))
+    with pytest.raises(ConfigError, match=r"hybrid target .* on CPU only.*speculative.algorithm: dflash"):
+        check(load_config(path))
