@@ -188,3 +188,42 @@ def test_the_learner_killed_mid_round_leaves_serving_untouched(learning):
     assert swap.draft_checksum(server.url, ADMIN) == before
     assert Versions(work, learning["drafter"]).state() == state
     assert _drafter_series(server)["_swaps"] == swaps
+
+
+def test_sampled_output_keeps_plain_distribution_while_the_drafter_is_swapped(learning, plain_server, tokenizer,
+                                                                               tmp_path):
+    """Temperature 1 with the drafter swapped back and forth underneath (a noisy drafter and the bundled one,
+    requests paused in place around each swap): the samples keep plain decoding's distribution --
+    tests/integration/test_lossless.py's statistic, samples and ALPHA (false failures <= 2e-3 per run)."""
+    from tests.conftest import PROMPTS
+    from tests.integration.test_lossless import ALPHA, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue
+
+    server = learning["server"]
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    drafters = [_perturbed(learning["drafter"], tmp_path / "noisy"), learning["drafter"]]
+    encoded = [swap.payloads(d) for d in drafters]
+    stop, landed = threading.Event(), []
+
+    def swapper() -> None:
+        while not stop.is_set():
+            i = len(landed)
+            swap.push(server.url, drafters[i % 2], f"sampling-{i}", ADMIN, encoded=encoded[i % 2])
+            landed.append(time.monotonic())
+
+    thread = threading.Thread(target=swapper)
+    start = time.monotonic()
+    thread.start()
+    try:
+        spec, accept = _sample_tokens(server, ids, SAMPLES)
+    finally:
+        end = time.monotonic()
+        stop.set()
+        thread.join(120)
+        swap.push(server.url, learning["drafter"], "initial", ADMIN)
+    assert sum(start < t < end for t in landed) >= 2, "fewer than two swaps landed while sampling"
+    assert sum(accept) / len(accept) > 1.02, "no draft accepted: verification was not exercised"
+    base, _ = _sample_tokens(plain_server, ids, SAMPLES)
+    for pos in (1, 2):
+        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        assert p > ALPHA, f"token {pos + 1} distribution differs from plain decoding's across swaps (p={p:.2e})"
+    assert server.proc.poll() is None
