@@ -48,8 +48,11 @@ def default_config() -> dict:
 def fleet(tmp_path_factory):
     config = default_config()
     config["server"] |= {"api_key_env": KEY_ENV, "admin_api_key_env": ADMIN_ENV}
-    f = ManagedFleet(config, tmp_path_factory.mktemp("fleet"), "fleet", replicas=2,
-                     env={KEY_ENV: KEY, ADMIN_ENV: ADMIN})
+    work = tmp_path_factory.mktemp("fleet")
+    # learning on (capture to a store) so `dflash-serve learn --fleet` can swap the replicas' drafter
+    config["learning"] = {"enabled": True, "store_dir": str(work / "store"), "work_dir": str(work / "learner"),
+                          "metrics_port": None}
+    f = ManagedFleet(config, work, "fleet", replicas=2, env={KEY_ENV: KEY, ADMIN_ENV: ADMIN})
     f.start()
     yield f
     f.stop()
@@ -130,6 +133,54 @@ def test_locust_through_the_router_reaches_both_replicas(fleet, tmp_path):
     assert requests > 0 and failures == 0, out[-3000:]
     served = [replica_requests(u) - b for u, b in zip(fleet.replica_urls, before)]
     assert all(n > 0 for n in served), f"requests per replica: {served}"
+
+
+def _completion(fleet: ManagedFleet, prompt: str) -> str:
+    body = json.dumps({"model": "dflash-tiny", "prompt": prompt, "max_tokens": 48, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{fleet.url}/v1/completions", body,
+                                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)["choices"][0]["text"]
+
+
+def test_the_learner_swaps_and_rolls_back_every_replica_of_the_fleet(fleet, monkeypatch):
+    """`dflash-serve learn --fleet` reaches each replica (the router is not one): a promoted drafter pushed to the
+    fleet serves on both replicas (their draft checksums and `dflash_drafter_info`), greedy output through the
+    router is unchanged, and `dflash-serve learn rollback --fleet` restores both replicas' exact weights."""
+    from dflash_models.learn import swap
+    from dflash_models.learn.versions import Versions
+    from service import learn
+    from service.config import load_config
+    from tests.integration.test_learning import _perturbed
+
+    monkeypatch.setenv(KEY_ENV, KEY)  # as the operator's shell has them: the config names both
+    monkeypatch.setenv(ADMIN_ENV, ADMIN)
+    config = load_config(fleet.config_path)
+    urls = learn.servers(config, fleet=True)
+    assert urls == fleet.replica_urls
+    prompts = [f"def handler_{i}(request):\n    " for i in range(4)]
+    reference = [_completion(fleet, p) for p in prompts]
+    before = [swap.draft_checksum(u, ADMIN) for u in urls]
+    settings = learn.settings(config, fleet=True)
+    versions = Versions(settings["work_dir"], settings["initial_drafter"])
+    candidate = _perturbed(Path(settings["initial_drafter"]), versions.path("v0001"))
+    swap.push_all(urls, candidate, "v0001", ADMIN)
+    versions.promote("v0001")
+
+    after = [swap.draft_checksum(u, ADMIN) for u in urls]
+    assert all(a != b for a, b in zip(after, before)), "a replica kept its old draft weights"
+    for u in urls:
+        with urllib.request.urlopen(f"{u}/metrics", timeout=10) as r:
+            assert re.search(r'^dflash_drafter_info\{drafter_version="v0001"[^}]*\} 1', r.read().decode(), re.M), u
+    assert [_completion(fleet, p) for p in prompts] == reference
+
+    r = subprocess.run([sys.executable, "-m", "service.cli", "learn", "rollback", "-c", str(fleet.config_path),
+                        "--fleet"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [swap.draft_checksum(u, ADMIN) for u in urls] == before, "rollback did not restore every replica"
+    assert [_completion(fleet, p) for p in prompts] == reference
+    assert fleet.workers() == {u: True for u in urls}
 
 
 def test_a_killed_replica_costs_only_its_in_flight_requests_and_rejoins(fleet, tmp_path):
