@@ -24,7 +24,7 @@ class MemorizedSpec:
     snippets: int = 24  # stdlib files, the first `snippet_tokens` tokens of each
     snippet_tokens: int = 96
     prompt_tokens: int = 16  # a prompt is a snippet's opening; the target's greedy continuation is the rest
-    target_steps: int = 150
+    target_steps: int = 120
     target_lr: float = 3e-3
     drafter_steps: int = 1500
     drafter_lr: float = 5e-3

@@ -111,6 +111,13 @@ def check(config: ServeConfig) -> PreflightReport:
     why = support.drafter_refusal(_architecture(where), spec.algorithm)
     if why is not None:
         raise ConfigError(f"{field}: {why}")
+    block_verification = any(config.sglang_args.get(k) for k in ("speculative_use_block_verification",
+                                                                   "speculative-use-block-verification"))
+    on_cpu = config.server.device.value == "cpu"
+    if block_verification and on_cpu and support.is_selector_drafter(_architecture(where)):
+        raise ConfigError("sglang_args.speculative_use_block_verification: on CPU a DFlash2 drafter's path is verified "
+                          "token by token (exact; sglang_ext/cpu/sampling.py), and block verification has no CPU "
+                          "sampler: unset it on CPU")
     if not list(where.glob("*.safetensors")):
         raise ConfigError(f"{field}: no *.safetensors weights in {where}")
     d_hidden = _get_int(draft, "hidden_size", field, where)

@@ -77,15 +77,17 @@ SITES = {
         {"disaggregation_mode": "null"},
     ),
     "speculative_hook.py:handle_speculative_decoding[block-verification]": Site(
-        "(a) ADAPTIVE is refused at start-up, but block verification is a no-op for the plain (greedy) drafters "
-        "ADAPTIVE accepts; heads for which it matters are refused by the worker",
+        "(a) ADAPTIVE is refused at start-up (SGLang allows it for EAGLE/EAGLE3/DFLASH/DSPARK only): block "
+        "verification only changes how a draft with its own q is accepted, a DFlash2 path ADAPTIVE verifies by "
+        "token-level rejection sampling (exact without it), and the LiLiCorr heads it would matter for more are "
+        "refused by the worker",
         "a",
         ((SH, "handle_speculative_decoding",
           'cfg.speculative_algorithm not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK")'),
          (M + "speculative.dflash_worker_v2", "DFlashWorkerV2.__init__",
           "self.selector is None and not self._lilicorr_sampling_enabled")),
         ("arg_groups/speculative_hook.py:handle_speculative_decoding",),
-        {"block_verification": {D: "ok", A: "ValueError"}, "adaptive_worker_refuses_selector_heads": "ValueError"},
+        {"block_verification": {D: "ok", A: "ValueError"}, "adaptive_worker_refuses_lilicorr_heads": "ValueError"},
         {"speculative_use_block_verification": False},
     ),
     "speculative_hook.py:handle_speculative_decoding[draft-window-warning]": Site(
@@ -406,8 +408,8 @@ def _():
 def _():
     from sglang_ext.worker import AdaptiveDFlashWorker
     return {"block_verification": both(lambda n: speculative_hook(n, speculative_use_block_verification=True)),
-            "adaptive_worker_refuses_selector_heads":
-                outcome(AdaptiveDFlashWorker._refuse_unsupported, fake_worker(selector=object()))}
+            "adaptive_worker_refuses_lilicorr_heads":
+                outcome(AdaptiveDFlashWorker._refuse_unsupported, fake_worker(lilicorr=object()))}
 
 
 @demo("speculative_hook.py:handle_speculative_decoding[draft-window-warning]")

@@ -167,6 +167,16 @@ def test_a_dflash2_drafter_is_served_at_chain_widths_and_its_trees_and_ragged_st
     _check_adaptive(tmp_path, pair, candidates=[1, 2, 4, 8, 16])
 
 
+def test_block_verification_with_a_dflash2_drafter_is_refused_on_cpu(tmp_path, pair):
+    """Upstream `dflash` would crash at the first sampled request: the CPU sampler verifies token by token only."""
+    _edit(pair["drafter"], architectures=["DFlash2DraftModel"])
+    with pytest.raises(ConfigError, match=r"^sglang_args.speculative_use_block_verification: on CPU a DFlash2 "
+                                          r"drafter's path is verified token by token.*unset it on CPU"):
+        _check(tmp_path, pair, "dflash", speculative_use_block_verification=True)
+    _edit(pair["drafter"], architectures=["DFlashDraftModel"])
+    _check(tmp_path, pair, "dflash", speculative_use_block_verification=True)
+
+
 def _check_adaptive(tmp_path: Path, pair, **adaptive):
     data = {"model": {"path": str(pair["target"]), "dtype": "float32"},
             "speculative": {"algorithm": "dflash_adaptive", "draft_model_path": str(pair["drafter"]),
