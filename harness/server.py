@@ -41,6 +41,9 @@ def terminate(proc: subprocess.Popen | None, timeout: float) -> int | None:
     return proc.returncode
 
 
+BIND_FAILED = "error while attempting to bind on address"  # uvicorn's line when the port was taken meanwhile
+
+
 class ManagedServer:
     """`dflash-serve serve` for `config` (a dict, as in the YAML) on a free loopback port."""
 
@@ -48,19 +51,23 @@ class ManagedServer:
                  env: dict[str, str] | None = None, host: str | None = "127.0.0.1"):
         """`env`: extra environment for the server (e.g. its API key variable). `host=None` keeps the config's
         `server.host` (the schema's default when it has none); the URL is always loopback."""
-        self.port = free_port()
-        server = {**config.get("server", {}), "port": self.port}
-        if host is not None:
-            server["host"] = host
-        config = {**config, "server": server}
+        self._config, self._host = config, host
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / f"{name}.yaml"
-        self.config_path.write_text(yaml.safe_dump(json.loads(json.dumps(config, default=str))))
         self.log_path = workdir / f"{name}.log"
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._use_port(free_port())
         self.startup_timeout = startup_timeout or float(os.environ.get("DFLASH_STARTUP_TIMEOUT", "300"))
         self.proc: subprocess.Popen | None = None
         self.env = env
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        server = {**self._config.get("server", {}), "port": port}
+        if self._host is not None:
+            server["host"] = self._host
+        config = {**self._config, "server": server}
+        self.config_path.write_text(yaml.safe_dump(json.loads(json.dumps(config, default=str))))
+        self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> "ManagedServer":
         return self.spawn().wait_ready()
@@ -77,9 +84,17 @@ class ManagedServer:
         """Poll /health until it answers 200 (SGLang: after its warm-up generate succeeded)."""
         assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + self.startup_timeout
+        retried = False
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if not retried and BIND_FAILED in self.log_path.read_text(errors="replace"):
+                # free_port() found the port free, but another starting server's own ports (SGLang opens several)
+                # took it before this one bound it: its HTTP server failed while the rest stays up. Once, anew.
+                retried = True
+                terminate(self.proc, 60)
+                self._use_port(free_port())
+                self.spawn()
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
