@@ -1,6 +1,7 @@
 """Start and stop a real `dflash-serve serve` process (tests, benchmarks, load tests, training data regeneration)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -39,6 +40,20 @@ def terminate(proc: subprocess.Popen | None, timeout: float) -> int | None:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+@contextlib.contextmanager
+def side_by_side(servers: dict[str, "ManagedServer"]):
+    """Spawn every server, wait for each, yield them; stop all at exit (start-ups overlap: one wait, not n)."""
+    try:
+        for s in servers.values():
+            s.spawn()
+        for s in servers.values():
+            s.wait_ready()
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
 
 
 BIND_FAILED = "error while attempting to bind on address"  # uvicorn's line when the port was taken meanwhile

@@ -140,24 +140,21 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         why = refusals.hybrid_device_refusal(torch.device(self.device).type)
         if why is not None:
             raise ValueError(f"DFLASH_ADAPTIVE {why}")
-        trees = [b for b in self.loop.candidates if b > self.max_block]
-        if trees:
-            why = refusals.hybrid_tree_refusal()
-            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, why)}")
-        if self._ragged:
-            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: "
-                             f"{refusals.hybrid_per_request_widths_refusal()}")
+        self._refuse_trees_and_ragged(refusals.hybrid_tree_refusal(), refusals.hybrid_per_request_widths_refusal())
 
     def _refuse_for_selector_drafter(self) -> None:
         """A DFlash2 drafter proposes one selector path per block (steps/draft.py): trees and per-request widths are
         refused (the preflight's rules, for a server started without dflash-serve)."""
+        self._refuse_trees_and_ragged(refusals.selector_tree_refusal(),
+                                      refusals.selector_per_request_widths_refusal())
+
+    def _refuse_trees_and_ragged(self, tree_why: str, ragged_why: str) -> None:
+        """Refuse tree candidates and per-request widths, each with its reason."""
         trees = [b for b in self.loop.candidates if b > self.max_block]
         if trees:
-            why = refusals.selector_tree_refusal()
-            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, why)}")
+            raise ValueError(f"DFLASH_ADAPTIVE {refusals.tree_widths_error(trees, self.max_block, tree_why)}")
         if self._ragged:
-            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: "
-                             f"{refusals.selector_per_request_widths_refusal()}")
+            raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: {ragged_why}")
 
     def _take_triton_branches_on_cpu(self) -> None:
         """CI test mode (names.TRITON_ON_CPU): take upstream's Triton prepare-block and accept/bonus branches on CPU,

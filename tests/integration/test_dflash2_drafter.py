@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.server import ManagedServer
+from harness.server import ManagedServer, side_by_side
 from tests.conftest import default_config
 from tests.integration.test_adaptive import by_label, scrape
 from tests.integration.test_lossless import (MAX_NEW, assert_sampling_lossless, plain_greedy,  # noqa: F401
@@ -45,15 +45,8 @@ def servers(tiny_pair, dflash2_drafter, tmp_path_factory):
             "adaptive": ManagedServer(config("dflash_adaptive", {"mode": "cycle", "candidates": [1, 2, 4, 8, 16],
                                                                  "cycle_pattern": CYCLE}), workdir, "adaptive"),
             "full": ManagedServer(config("dflash_adaptive", {"mode": "fixed", "fixed_block": 16}), workdir, "full")}
-    try:
-        for s in made.values():
-            s.spawn()
-        for s in made.values():
-            s.wait_ready()
+    with side_by_side(made):
         yield made
-    finally:
-        for s in made.values():
-            s.stop()
 
 
 @pytest.mark.parametrize("name", ["dflash", "adaptive"])

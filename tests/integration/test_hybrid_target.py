@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from harness.server import ManagedServer
+from harness.server import ManagedServer, side_by_side
 from tests.conftest import default_config
 from tests.integration.test_adaptive import by_label, scrape
 from tests.integration.test_lossless import assert_sampling_lossless
@@ -61,15 +61,8 @@ def servers(hybrid_pair, tmp_path_factory):
             "dflash": ManagedServer(_config(hybrid_pair, algorithm="dflash",
                                             draft_model_path=hybrid_pair["drafter"]), workdir, "dflash"),
             "adaptive": ManagedServer(adaptive, workdir, "adaptive", env=RETRACT_ENV)}
-    try:
-        for s in made.values():
-            s.spawn()
-        for s in made.values():
-            s.wait_ready()
+    with side_by_side(made):
         yield made
-    finally:
-        for s in made.values():
-            s.stop()
 
 
 @pytest.fixture(scope="module")
