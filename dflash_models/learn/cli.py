@@ -85,7 +85,7 @@ class Learner:
                                      log=lambda *_: None)
         held_classes = ["sampled" if c.sampled else "greedy" for c in held if len(c.output) >= 2]
         log(f"[learn] round on {len(train_items)} captured requests ({len(held_items)} held out), serving {serving}")
-        cand = copy.deepcopy(base)
+        cand, start = self._start(base, serving, held)
         spec = FinetuneSpec(steps=s["steps"], original_share=s["original_share"], seed=len(self.versions.decisions()))
 
         def on_step(step: int, loss: float, tokens: int) -> None:
@@ -107,8 +107,12 @@ class Learner:
                         figures["serving"]["original"]["tokens_per_step"],
                         figures["candidate"]["original"]["tokens_per_step"],
                         s["promote_margin"], s["max_original_loss"])
-        record = {"serving": serving, "train": fit, "captured": len(captured), **d.record(), "figures": figures}
-        if d.promote:
+        total = start["steps_before"] + spec.steps  # the candidate's training steps since it left `serving`
+        record = {"serving": serving, "train": fit, "captured": len(captured), "start": start, "total_steps": total,
+                  **d.record(), "figures": figures}
+        if not d.promote:
+            self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)
+        else:
             version = self.versions.next_version()
             save_drafter(cand, cfg, self.versions.path(version), Path(s["target"]))
             record["version"] = version
@@ -116,11 +120,13 @@ class Learner:
                 record["swaps"] = swap.push_all(s["servers"], self.versions.path(version), version, self.admin_key)
             except swap.SwapError as err:
                 record.update(promote=False, reason=f"promoted by the gate, swap failed: {err}")
+                self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)
                 self.versions.log_decision(record)
                 self.metrics.rounds.labels(outcome="failed").inc()
                 log(f"[learn] {version}: swap failed: {err}")
                 return {"outcome": "failed", **record}
             self.versions.promote(version)
+            self.versions.drop_candidate()
             self.metrics.set_serving(version)
         self.versions.log_decision(record)
         outcome = "promoted" if d.promote else "refused"
@@ -130,6 +136,38 @@ class Learner:
             f"{d.original_candidate:.3f} tokens/step)")
         return {"outcome": outcome, **record}
 
+    def _start(self, base, serving: str, held: list) -> tuple[object, dict]:
+        """The drafter this round trains: the last refused candidate when it may go on (versions.py says when),
+        else a copy of the serving drafter; and what it started from, for the decision log."""
+        import torch
+
+        meta = self.versions.candidate_meta()
+        weights = self.versions.candidate_dir / "weights.pt"
+        if meta is None or not weights.is_file():
+            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
+        if meta["base"] != serving:
+            log(f"[learn] last candidate was trained from {meta['base']}, {serving} serves now: starting from "
+                f"{serving}")
+            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
+        if held and held[0].t <= meta["trained_through"]:
+            log("[learn] last candidate trained on part of this round's held-out slice (too little new traffic): "
+                f"starting from {serving}")
+            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
+        cand = copy.deepcopy(base)
+        cand.load_state_dict(torch.load(weights))
+        log(f"[learn] continuing the last candidate ({meta['steps']} steps so far, from {serving})")
+        return cand, {"from": "candidate", "steps_before": int(meta["steps"])}
+
+    def _keep_candidate(self, cand, serving: str, trained_through: float, steps: int) -> None:
+        import torch
+
+        self.versions.drop_candidate()  # first: a learner killed below leaves no meta pointing at torn weights
+        d = self.versions.candidate_dir
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(cand.state_dict(), d / "weights.tmp")
+        (d / "weights.tmp").replace(d / "weights.pt")
+        self.versions.write_candidate_meta({"base": serving, "trained_through": trained_through, "steps": steps})
+
     def rollback(self) -> str:
         state = self.versions.state()
         if not state["history"]:
@@ -137,6 +175,7 @@ class Learner:
         previous = state["history"][-1]
         swap.push_all(self.s["servers"], self.versions.path(previous), previous, self.admin_key)
         self.versions.rollback()
+        self.versions.drop_candidate()
         self.metrics.set_serving(previous)
         self.versions.log_decision({"rollback": True, "from": state["serving"], "to": previous})
         log(f"[learn] rolled back: {state['serving']} -> {previous} on {len(self.s['servers'])} server(s)")

@@ -3,6 +3,8 @@
     work_dir/drafters/v0001/        a promoted or candidate drafter (z-lab checkpoint: config.json, model.safetensors)
     work_dir/state.json             {"serving": version or "initial", "history": [versions served before, oldest first]}
     work_dir/decisions.jsonl        every gate decision with both figures
+    work_dir/candidate/             the last refused candidate (float32 weights, meta.json): the next round goes on
+                                    training it instead of starting over from the serving drafter
 
 "initial" is the config's own drafter (`speculative.draft_model_path`), which the servers load at start.
 """
@@ -68,3 +70,24 @@ class Versions:
     def decisions(self) -> list[dict]:
         p = self.dir / "decisions.jsonl"
         return [json.loads(x) for x in p.read_text().splitlines()] if p.is_file() else []
+
+
+    # A refused candidate is where training stands, not a dead end: the next round continues it, so training time
+    # adds up across rounds (a round's steps alone are minutes of CPU). It is only continued while the drafter it
+    # started from is still serving (a promotion or rollback ends the line) and while the gate's held-out slice is
+    # newer than everything it trained on (`trained_through`), so the gate never scores it on its own training data.
+    @property
+    def candidate_dir(self) -> Path:
+        return self.dir / "candidate"
+
+    def candidate_meta(self) -> dict | None:
+        p = self.candidate_dir / "meta.json"
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    def write_candidate_meta(self, meta: dict) -> None:
+        tmp = self.candidate_dir / "meta.tmp"
+        tmp.write_text(json.dumps(meta) + "\n")
+        tmp.replace(self.candidate_dir / "meta.json")
+
+    def drop_candidate(self) -> None:
+        (self.candidate_dir / "meta.json").unlink(missing_ok=True)  # the weights without it are never read

@@ -181,3 +181,68 @@ def test_the_learner_exposes_its_progress_on_its_own_registry():
                  "dflash_learn_tokens_seen_total 4096.0", 'dflash_learn_serving_info{drafter_version="v0001"} 0.0',
                  'dflash_learn_serving_info{drafter_version="v0002"} 1.0'):
         assert line in text, line
+
+
+@pytest.mark.skipif(not (BUNDLED / "drafter" / "model.safetensors").is_file(), reason="needs models/tiny-code")
+def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_data(tmp_path):
+    """Training adds up across rounds (a refused candidate is continued, not thrown away) only while the gate's
+    held-out slice is traffic the candidate never trained on, and a promotion ends the line."""
+    import torch
+
+    from dflash_models import corpus
+    from dflash_models.learn.cli import Learner
+    from dflash_models.learn.distill import load_drafter
+
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(str(BUNDLED / "target"))
+    files = corpus.split_files(corpus.stdlib_files()).heldout[:16]
+    seqs = [tok(corpus.read_text(f)[:900], add_special_tokens=False)["input_ids"][:96] for f in files]
+    w = _writer(tmp_path)
+
+    def capture(batch):
+        for s in batch:
+            w.offer(s[:32], s[32:], sampled=False)
+            time.sleep(0.01)  # distinct capture times: the held-out boundary is a time
+
+    work = tmp_path / "learner"
+    (work / "original").mkdir(parents=True)
+    orig = {"sequences": seqs[:6], "starts": [32] * 6}  # a small original mix: no generation in a unit test
+    torch.save(orig, work / "original" / "train.pt")
+    torch.save(orig, work / "original" / "eval.pt")
+    s = {"work_dir": str(work), "initial_drafter": str(BUNDLED / "drafter"), "store_dir": str(tmp_path / "store"),
+         "target": str(BUNDLED / "target"), "min_sequences": 8, "holdout_fraction": 0.25, "steps": 2,
+         "original_share": 0.25, "promote_margin": 10.0, "max_original_loss": 0.05, "servers": [],
+         "metrics_port": None}
+    capture(seqs[:8])
+    w.close()
+    learner = Learner(s)
+    first = learner.round()
+    assert first["outcome"] == "refused" and first["start"] == {"from": "initial", "steps_before": 0}
+    meta = learner.versions.candidate_meta()
+    assert meta["base"] == "initial" and meta["steps"] == 2
+    assert meta["trained_through"] < store.read(s["store_dir"])[-2].t  # trained on 6, the newest 2 held out
+
+    # The candidate's weights are what the next round trains: spoil them, and the next candidate is spoilt.
+    spoilt, _ = load_drafter(BUNDLED / "drafter")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in spoilt.parameters():
+            p.add_(2.0 * p.std() * torch.randn(p.shape, generator=g))  # ~1 token a step
+    torch.save(spoilt.state_dict(), learner.versions.candidate_dir / "weights.pt")
+    w = _writer(tmp_path)
+    capture(seqs[8:])
+    w.close()
+    second = learner.round()
+    assert second["start"] == {"from": "candidate", "steps_before": 2} and second["total_steps"] == 4
+    gain = {k: v - 1.0 for k, v in second["recent"].items()}  # tokens a step beyond the target's own
+    assert gain["candidate"] < 0.5 * gain["serving"], second["recent"]
+
+    # A held-out slice reaching into what the candidate trained on: start over from the serving drafter.
+    learner.s["holdout_fraction"] = 0.5
+    third = learner.round()
+    assert third["start"] == {"from": "initial", "steps_before": 0}
+
+    # A promotion ends the line: the next round starts from the promoted drafter.
+    learner.s.update(promote_margin=-1.0, max_original_loss=10.0)
+    promoted = learner.round()
+    assert promoted["outcome"] == "promoted" and learner.versions.serving == promoted["version"]
+    assert learner.versions.candidate_meta() is None
