@@ -259,6 +259,9 @@ class LearningConfig(_Strict):
     promote_margin: float = Field(
         0.05, ge=0, description="The gate: the candidate's tokens per step on held-out recent traffic must beat "
                                 "the serving drafter's by this fraction.")
+    promote_confidence: float = Field(
+        0.95, ge=0.5, lt=1, description="The gate: the share of bootstrap resamples of the held-out slice in which "
+                                        "the candidate must beat the serving drafter (a gain that is not noise).")
     max_original_loss: float = Field(
         0.05, ge=0, description="The gate: the candidate may lose at most this fraction of the serving drafter's "
                                 "tokens per step on the original mix.")

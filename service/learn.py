@@ -43,6 +43,7 @@ def settings(config: ServeConfig, fleet: bool = False) -> dict:
             "admin_key_env": config.server.admin_api_key_env, "threads": lr.threads, "steps": lr.steps,
             "original_share": lr.original_share, "min_sequences": lr.min_sequences,
             "holdout_fraction": lr.holdout_fraction, "promote_margin": lr.promote_margin,
+            "promote_confidence": lr.promote_confidence,
             "max_original_loss": lr.max_original_loss, "interval_seconds": lr.interval_seconds,
             "metrics_port": lr.metrics_port}
 

@@ -95,9 +95,10 @@ class Learner:
 
         fit = finetune(cand, self.pair, train_items, orig_train, spec, on_step=on_step, log=log)
         e, h = self.pair.embed, self.pair.head_w
-        figures = {}
+        figures, recent_all = {}, {}
         for name, model in (("serving", base), ("candidate", cand)):
             recent = gate.measure(model, e, h, held_items, held_classes)
+            recent_all[name] = recent["all"]
             original = gate.measure(model, e, h, orig_eval)["all"]
             figures[name] = {"recent": {k: v.summary() for k, v in recent.items()}, "original": original.summary()}
             self.metrics.tps.labels(slice="recent", drafter=name).set(recent["all"].tokens_per_step)
@@ -106,7 +107,9 @@ class Learner:
                         figures["candidate"]["recent"]["all"]["tokens_per_step"],
                         figures["serving"]["original"]["tokens_per_step"],
                         figures["candidate"]["original"]["tokens_per_step"],
-                        s["promote_margin"], s["max_original_loss"])
+                        s["promote_margin"], s["max_original_loss"],
+                        better=gate.better_share(recent_all["serving"], recent_all["candidate"]),
+                        confidence=s.get("promote_confidence", 0.95))
         total = start["steps_before"] + spec.steps  # the candidate's training steps since it left `serving`
         record = {"serving": serving, "train": fit, "captured": len(captured), "start": start, "total_steps": total,
                   **d.record(), "figures": figures}

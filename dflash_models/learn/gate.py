@@ -9,9 +9,15 @@ plus one (chain verification at the drafter's full block). Tokens per step = com
 per-position conditional acceptance p_j = accepted at j / tried at j. Greedy and sampled requests are reported as
 separate classes (a sampled response's tokens are one draw of the target: the figure is what a greedy draft of it
 accepts, the chain sampler's lower bound).
+
+The gain must also be real, not the luck of a small slice: the held-out sequences are resampled (a paired bootstrap:
+both drafters on the same resampled sequences) and the candidate is promoted only if its tokens per step beat the
+serving drafter's in at least `confidence` of the resamples. A slice of a few dozen requests swings by several per
+cent between two equally good drafters; the margin alone would promote noise.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 MAX_ANCHORS = 256  # per sequence: longer responses are measured on their first MAX_ANCHORS positions
@@ -23,6 +29,7 @@ class Acceptance:
     tokens: int = 0
     accepted_by_pos: list[int] = field(default_factory=list)
     tried_by_pos: list[int] = field(default_factory=list)
+    per_sequence: list[tuple[int, int]] = field(default_factory=list)  # (tokens, steps) of each sequence, in order
 
     @property
     def tokens_per_step(self) -> float:
@@ -59,6 +66,7 @@ def measure(drafter, embed, head_w, items, classes: list[str] | None = None) -> 
             labels, valid = block_labels(tokens, anchors, bs, torch.tensor([len(seq)]))
             hit = ((pred == labels[0, :, 1:]) & valid[0, :, 1:]).tolist()
             names = ["all"] + ([classes[n]] if classes else [])
+            seq_tokens = seq_steps = 0
             p = start
             while p < last:
                 row = hit[p - start]
@@ -74,8 +82,28 @@ def measure(drafter, embed, head_w, items, classes: list[str] | None = None) -> 
                     for j in range(min(k + 1, bs - 1, room)):  # positions tried: the accepted ones and the first miss
                         a.tried_by_pos[j] += 1
                         a.accepted_by_pos[j] += int(j < k)
+                seq_tokens, seq_steps = seq_tokens + commit, seq_steps + 1
                 p += commit
+            for name in names:
+                acc_of(name).per_sequence.append((seq_tokens, seq_steps))
     return out
+
+
+def better_share(serving: Acceptance, candidate: Acceptance, resamples: int = 1000, seed: int = 0) -> float:
+    """Share of paired bootstrap resamples of the sequences in which the candidate's tokens per step beat the
+    serving drafter's (both measured on the same sequences, in the same order)."""
+    pairs = list(zip(serving.per_sequence, candidate.per_sequence))
+    if not pairs:
+        return 0.0
+    rng = random.Random(seed)
+    n, wins = len(pairs), 0
+    for _ in range(resamples):
+        st = ss = ct = cs = 0
+        for _ in range(n):
+            (a, b), (c, d) = pairs[rng.randrange(n)]
+            st, ss, ct, cs = st + a, ss + b, ct + c, cs + d
+        wins += ct * ss > st * cs  # ct/cs > st/ss without dividing by zero
+    return wins / resamples
 
 
 @dataclass(frozen=True)
@@ -95,17 +123,25 @@ class Decision:
 
 
 def decide(recent_serving: float, recent_candidate: float, original_serving: float, original_candidate: float,
-           margin: float, max_original_loss: float) -> Decision:
-    """Promote iff recent gains >= `margin` (a fraction) and the original mix loses <= `max_original_loss`."""
+           margin: float, max_original_loss: float, better: float | None = None,
+           confidence: float = 0.95) -> Decision:
+    """Promote iff recent gains >= `margin` (a fraction), the candidate beat the serving drafter in at least
+    `confidence` of the resamples of the recent slice (`better`, from `better_share`; None: not checked), and the
+    original mix loses <= `max_original_loss`."""
     gain = recent_candidate / recent_serving - 1
     loss = 1 - original_candidate / original_serving
     if gain < margin:
         why = f"recent traffic {recent_candidate:.3f} vs {recent_serving:.3f} tokens/step: {gain:+.1%} < +{margin:.0%}"
         return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
+    if better is not None and better < confidence:
+        why = (f"recent traffic {gain:+.1%} but better in only {better:.0%} of resamples of the held-out slice "
+               f"(< {confidence:.0%}): not distinguishable from the serving drafter yet")
+        return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
     if loss > max_original_loss:
         why = (f"original mix {original_candidate:.3f} vs {original_serving:.3f} tokens/step: "
                f"{-loss:+.1%} loses more than {max_original_loss:.0%}")
         return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
-    why = (f"recent traffic {gain:+.1%} (>= +{margin:.0%}), original mix {-loss:+.1%} "
+    sure = f", better in {better:.0%} of resamples" if better is not None else ""
+    why = (f"recent traffic {gain:+.1%} (>= +{margin:.0%}{sure}), original mix {-loss:+.1%} "
            f"(>= -{max_original_loss:.0%})")
     return Decision(True, why, recent_serving, recent_candidate, original_serving, original_candidate)

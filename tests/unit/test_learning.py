@@ -102,6 +102,26 @@ def test_the_gate_rule_needs_both_figures():
     assert forgot.record()["recent"] == {"serving": 2.0, "candidate": 3.0}
 
 
+def test_the_gate_refuses_a_gain_that_one_lucky_sequence_makes():
+    """+10 % on the slice, all of it from one sequence of twenty: the resamples without that sequence show no gain,
+    so it is refused; the same +10 % spread over every sequence is promoted."""
+    serving = gate.Acceptance(per_sequence=[(40, 10)] * 20)
+    lucky = gate.Acceptance(per_sequence=[(40, 10)] * 19 + [(120, 10)])
+    spread = gate.Acceptance(per_sequence=[(44, 10)] * 20)
+    for cand in (lucky, spread):
+        cand.tokens, cand.steps = sum(t for t, _ in cand.per_sequence), sum(n for _, n in cand.per_sequence)
+    serving.tokens, serving.steps = 800, 200
+    assert lucky.tokens_per_step == spread.tokens_per_step == 4.4
+    share = gate.better_share(serving, lucky)
+    assert 0.5 < share < 0.95  # the lucky sequence is in ~64 % of resamples
+    refused = gate.decide(4.0, 4.4, 6.0, 6.0, margin=0.05, max_original_loss=0.05, better=share)
+    assert not refused.promote and "resamples" in refused.reason
+    promoted = gate.decide(4.0, 4.4, 6.0, 6.0, margin=0.05, max_original_loss=0.05,
+                           better=gate.better_share(serving, spread))
+    assert promoted.promote
+    assert gate.better_share(serving, serving) == 0.0  # a tie is no gain
+
+
 def test_versions_promote_and_roll_back(tmp_path):
     v = Versions(tmp_path, tmp_path / "initial-drafter")
     assert v.serving == INITIAL and v.path(INITIAL) == tmp_path / "initial-drafter"
@@ -113,20 +133,19 @@ def test_versions_promote_and_roll_back(tmp_path):
 
 
 @pytest.mark.skipif(not (BUNDLED / "drafter" / "model.safetensors").is_file(), reason="needs models/tiny-code")
-def test_the_gate_refuses_a_randomly_perturbed_drafter():
-    """On code the bundled drafter knows (held-out stdlib files), measured as `dflash-serve learn` measures."""
+def test_the_gate_refuses_a_randomly_perturbed_drafter(tmp_path):
+    """On the target's own greedy responses to prompts of the held-out stdlib files (the learner's original mix),
+    measured as `dflash-serve learn` measures."""
     import copy
 
     import torch
 
-    from dflash_models import corpus
-    from dflash_models.learn.distill import Pair, load_drafter
+    from dflash_models.learn.distill import Pair, load_drafter, original_mix
 
     pair = Pair(BUNDLED / "target")
     serving, cfg = load_drafter(BUNDLED / "drafter")
-    files = corpus.split_files(corpus.stdlib_files()).heldout[:3]
-    seqs = [pair.tokenizer(corpus.read_text(f)[:1200], add_special_tokens=False)["input_ids"][:112] for f in files]
-    items = pair.items(seqs, [16] * len(seqs), cfg["dflash_config"]["target_layer_ids"], log=lambda *_: None)
+    seqs, starts = original_mix(pair, 12, "heldout", 12, 64, tmp_path / "eval.pt", log=lambda *_: None)
+    items = pair.items(seqs, starts, cfg["dflash_config"]["target_layer_ids"], log=lambda *_: None)
     worse = copy.deepcopy(serving)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -134,7 +153,9 @@ def test_the_gate_refuses_a_randomly_perturbed_drafter():
             p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
     a = gate.measure(serving, pair.embed, pair.head_w, items)["all"]
     b = gate.measure(worse, pair.embed, pair.head_w, items)["all"]
-    assert a.tokens_per_step > 1.0 and b.tokens_per_step < a.tokens_per_step
+    assert a.tokens_per_step > 3.0 and b.tokens_per_step < a.tokens_per_step, (a, b)
+    assert [n for _, n in a.per_sequence] and sum(t for t, _ in a.per_sequence) == a.tokens
+    assert gate.better_share(serving=b, candidate=a) > 0.95 > gate.better_share(serving=a, candidate=b)
     d = gate.decide(a.tokens_per_step, b.tokens_per_step, a.tokens_per_step, b.tokens_per_step,
                     margin=0.05, max_original_loss=0.05)
     assert not d.promote
@@ -242,7 +263,7 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     assert third["start"] == {"from": "initial", "steps_before": 0}
 
     # A promotion ends the line: the next round starts from the promoted drafter.
-    learner.s.update(promote_margin=-1.0, max_original_loss=10.0)
+    learner.s.update(promote_margin=-1.0, max_original_loss=10.0, promote_confidence=0.0)
     promoted = learner.round()
     assert promoted["outcome"] == "promoted" and learner.versions.serving == promoted["version"]
     assert learner.versions.candidate_meta() is None
