@@ -140,6 +140,8 @@ def run_phase(servers: dict[str, ManagedServer], data: Path, users: int, seconds
         if time.monotonic() - prev_t < every and any(p.poll() is None for p in procs.values()):
             continue
         now = time.monotonic()
+        if now - prev_t < every / 2 and rows:  # Locust's last seconds (users stopping): too short to read
+            break
         snap = {k: server_metrics.scrape(s.url) for k, s in servers.items()}
         row = {"minute": round((now - t0) / 60, 2), **{k: window(prev[k], snap[k], now - prev_t) for k in servers}}
         rows.append(row)
@@ -151,7 +153,7 @@ def run_phase(servers: dict[str, ManagedServer], data: Path, users: int, seconds
         p = raw / f"{name}_{k}_summary.json"
         s = json.loads(p.read_text()) if p.is_file() else {}
         results[k] = {"locust_exit_code": procs[k].returncode, "requests": s.get("requests"),
-                      "failures": s.get("failures"), "output_tokens_per_s": s.get("output_tokens_per_s")}
+                      "failures": s.get("failures"), "output_tok_s": s.get("output_tok_s")}
     return rows, results
 
 

@@ -15,11 +15,13 @@ import argparse
 import copy
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
 from dflash_models.learn import gate, store, swap
+from dflash_models.learn.distill import FinetuneSpec, finetune, load_drafter, save_drafter
 from dflash_models.learn.versions import Versions
 
 ORIGINAL_TRAIN, ORIGINAL_EVAL, ORIGINAL_MAX_NEW = 96, 32, 96
@@ -65,8 +67,6 @@ class Learner:
         return self._original
 
     def round(self) -> dict:
-        from dflash_models.learn.distill import FinetuneSpec, finetune, load_drafter, save_drafter
-
         s = self.s
         captured = store.read(s["store_dir"])
         self.metrics.captured.set(len(captured))
@@ -75,6 +75,12 @@ class Learner:
             log(f"[learn] {len(captured)} captured requests, waiting for {s['min_sequences']}")
             return {"outcome": "waiting", "captured": len(captured)}
         train, held = store.split_recent(captured, s["holdout_fraction"])
+        # A round's cost must not grow with the store (the target's features are regenerated for every sequence
+        # used): train on a sample the size of what its steps can draw, gate on the newest of the held-out slice.
+        draws = s["steps"] * FinetuneSpec.batch_size
+        if len(train) > draws:
+            train = sorted(random.Random(len(captured)).sample(train, draws), key=lambda c: c.t)
+        held = held[-gate.MAX_SEQUENCES:]
         serving = self.versions.serving
         base, cfg = load_drafter(self.versions.path(serving))
         layer_ids = list(cfg["dflash_config"]["target_layer_ids"])
@@ -112,6 +118,7 @@ class Learner:
                         confidence=s.get("promote_confidence", 0.95))
         total = start["steps_before"] + spec.steps  # the candidate's training steps since it left `serving`
         record = {"serving": serving, "train": fit, "captured": len(captured), "start": start, "total_steps": total,
+                  "trained_on": len(train_items), "gated_on": len(held_items),
                   **d.record(), "figures": figures}
         if not d.promote:
             self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)

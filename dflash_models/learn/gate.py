@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass, field
 
 MAX_ANCHORS = 256  # per sequence: longer responses are measured on their first MAX_ANCHORS positions
+MAX_SEQUENCES = 256  # held-out sequences a gate measures (the newest): its cost stays flat as the store grows
 
 
 @dataclass
