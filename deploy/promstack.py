@@ -26,6 +26,7 @@ PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 RULES_DIR = DEPLOY / "prometheus" / "rules"
 DASHBOARDS_DIR = DEPLOY / "grafana" / "dashboards"
 SCRAPE_JOB = "dflash-serve"
+LEARN_JOB = "dflash-learn"  # `dflash-serve learn`: its own port (learning.metrics_port)
 ROUTER_JOB = "dflash-router"
 
 
@@ -82,9 +83,11 @@ class PromClient:
 
 
 def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Path = RULES_DIR,
-                 targets_file: Path | None = None, router_targets: list[str] = ()) -> dict:
+                 targets_file: Path | None = None, router_targets: list[str] = (),
+                 learner_targets: list[str] = ()) -> dict:
     """deploy/prometheus/prometheus.yml with a faster clock, its dflash-serve job pointed at `targets` or, as in
-    the stack, at a fleet's file_sd `targets_file`, and its router job at `router_targets` (dropped if none)."""
+    the stack, at a fleet's file_sd `targets_file`, its router job at `router_targets` and its learner job at
+    `learner_targets` (each dropped if none)."""
     cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
     cfg["global"] |= {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval}
     cfg["rule_files"] = [str(rules_dir / Path(p).name) for p in cfg["rule_files"]]
@@ -101,6 +104,10 @@ def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Pat
         router = jobs[ROUTER_JOB]
         router["static_configs"] = [{"targets": list(router_targets)}]
         cfg["scrape_configs"].append(router)
+    if learner_targets:
+        learner = jobs[LEARN_JOB]
+        learner["static_configs"] = [{"targets": list(learner_targets)}]
+        cfg["scrape_configs"].append(learner)
     for j in cfg["scrape_configs"]:
         j["scrape_interval"] = j["scrape_timeout"] = scrape_interval
     return cfg
@@ -110,7 +117,7 @@ class LocalPrometheus:
     """A real `prometheus` binary on a free loopback port, storing into `workdir`, scraping `targets`."""
 
     def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s", binary: str | None = None,
-                 targets_file: Path | None = None, router_targets: list[str] = ()):
+                 targets_file: Path | None = None, router_targets: list[str] = (), learner_targets: list[str] = ()):
         from harness.server import free_port
 
         self.binary = binary or shutil.which("prometheus")
@@ -120,7 +127,8 @@ class LocalPrometheus:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(
-            stack_config(targets, scrape_interval, targets_file=targets_file, router_targets=router_targets),
+            stack_config(targets, scrape_interval, targets_file=targets_file, router_targets=router_targets,
+                         learner_targets=learner_targets),
             sort_keys=False))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

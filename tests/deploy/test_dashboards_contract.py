@@ -21,15 +21,48 @@ def fake_stack(tmp_path_factory):
     binary = tool("prometheus")
     port = free_port()
     fake = FakeDFlash("fake").start(port)
+    learner = _learner_metrics()
     try:
         with promstack.LocalPrometheus([f"127.0.0.1:{port}"], tmp_path_factory.mktemp("prom"), "1s",
-                                       binary) as prom:
+                                       binary, learner_targets=[f"127.0.0.1:{learner.port}"]) as prom:
             prom.wait_for_scrapes()
             start = time.time()
             time.sleep(12)
             yield prom, start
     finally:
         fake.stop()
+
+
+def _learner_metrics():
+    """The learner's own exporter (dflash_models/learn/metrics.py) on a free port, as after a refused round, a
+    promoted one and a round in progress."""
+    from dflash_models.learn.metrics import LearnMetrics
+
+    m = LearnMetrics(free_port())
+    m.rounds.labels(outcome="refused").inc()
+    m.rounds.labels(outcome="promoted").inc()
+    m.set_serving("v0001")
+    for slice_, drafter, v in (("recent", "serving", 4.8), ("recent", "candidate", 5.1),
+                               ("original", "serving", 7.2), ("original", "candidate", 7.1)):
+        m.tps.labels(slice=slice_, drafter=drafter).set(v)
+    m.captured.set(640)
+    m.loss.set(0.8)
+    m.progress.set(0.5)
+    m.tokens.inc(4000)
+    return m
+
+
+def _empty(prom, start: float, name: str) -> list[str]:
+    dash = promstack.load_dashboards()[name]
+    variables = promstack.resolve_variables(dash, prom.client)
+    empty = []
+    end = time.time()
+    for q in promstack.panel_queries(name, dash):
+        expr = promstack.substitute(q.expr, variables, rate_interval="5s", range_=f"{int(end - start)}s")
+        result = prom.client.query(expr, end) if q.instant else prom.client.query_range(expr, start, end, 1)
+        if not promstack.finite_points(result):
+            empty.append(f"{q.panel} [{q.ref}]: {expr}")
+    return empty
 
 
 def test_exporter_publishes_the_contract(fake_stack):
@@ -46,14 +79,17 @@ def test_every_dflash_panel_has_data(fake_stack):
     prom, start = fake_stack
     dash = promstack.load_dashboards()["dflash"]
     variables = promstack.resolve_variables(dash, prom.client)
-    assert variables == {"model": ["fake"], "instance": [prom.client.query("up")[0]["metric"]["instance"]]}
-    empty = []
-    end = time.time()
-    for q in promstack.panel_queries("dflash", dash):
-        expr = promstack.substitute(q.expr, variables, rate_interval="5s", range_=f"{int(end - start)}s")
-        result = prom.client.query(expr, end) if q.instant else prom.client.query_range(expr, start, end, 1)
-        if not promstack.finite_points(result):
-            empty.append(f"{q.panel} [{q.ref}]: {expr}")
+    server = prom.client.query('up{job="dflash-serve"}')[0]["metric"]["instance"]
+    assert variables == {"model": ["fake"], "instance": [server]}
+    empty = _empty(prom, start, "dflash")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_every_learning_panel_has_data(fake_stack):
+    """The learning dashboard: the servers' acceptance and drafter version, and the learner's own exporter scraped
+    as the stack scrapes it (job dflash-learn)."""
+    prom, start = fake_stack
+    empty = _empty(prom, start, "learning")
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 

@@ -55,6 +55,13 @@ def base_name(name: str) -> str:
     return name
 
 
+def learner_metrics() -> set[str]:
+    """The learner's exporter's sample names (dflash_models/learn/metrics.py, its own registry)."""
+    from dflash_models.learn.metrics import LearnMetrics
+
+    return {fam.name + ("_total" if fam.type == "counter" else "") for fam in LearnMetrics(None).registry.collect()}
+
+
 def recorded_names() -> set[str]:
     return {r["record"] for f in (PROM / "rules").glob("*.yml") for g in yaml.safe_load(f.read_text())["groups"]
             for r in g["rules"] if "record" in r}
@@ -338,9 +345,9 @@ def test_rules_cover_the_issue():
 DASHBOARDS = promstack.load_dashboards()
 
 
-def test_three_dashboards_with_model_and_instance_variables():
-    assert set(DASHBOARDS) == {"serving", "dflash", "fleet"}
-    assert len({d["uid"] for d in DASHBOARDS.values()}) == 3
+def test_four_dashboards_with_model_and_instance_variables():
+    assert set(DASHBOARDS) == {"serving", "dflash", "fleet", "learning"}
+    assert len({d["uid"] for d in DASHBOARDS.values()}) == 4
     for name, d in DASHBOARDS.items():
         variables = {v["name"]: v for v in d["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
@@ -368,9 +375,10 @@ def test_panels_are_well_formed():
             for t in p["targets"]:
                 assert t["datasource"]["uid"] == "${datasource}" and t["expr"].strip(), where
                 metrics = promstack.metric_names(t["expr"])
-                # the router's metrics and `up` have no model label
-                if not all(m.startswith("smg_") or m == "up" for m in metrics):
-                    assert 'model_name=~"$model"' in t["expr"], where
+                # the router's metrics, the learner's (one process for the fleet) and `up` have no model label
+                if all(m.startswith(("smg_", "dflash_learn_")) or m == "up" for m in metrics):
+                    continue
+                assert 'model_name=~"$model"' in t["expr"], where
                 if name != "fleet":
                     assert 'instance=~"$instance"' in t["expr"], where
 
@@ -385,7 +393,7 @@ def test_dashboard_issue_panels_exist():
 
 
 def test_queries_only_read_known_metrics():
-    known = set(CONTRACT) | SGLANG_METRICS | ROUTER_METRICS | recorded_names() | {"up"}
+    known = set(CONTRACT) | SGLANG_METRICS | ROUTER_METRICS | recorded_names() | {"up"} | learner_metrics()
     exprs = [q.expr for name, d in DASHBOARDS.items() for q in promstack.panel_queries(name, d)]
     exprs += [r["expr"] for f in (PROM / "rules").glob("*.yml") for g in yaml.safe_load(f.read_text())["groups"]
               for r in g["rules"]]
