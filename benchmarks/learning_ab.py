@@ -16,7 +16,8 @@ the held-out stdlib files, greedy). The learner's promotions and refusals (its d
 the plot.
 
     python benchmarks/learning_ab.py [--workload realcode|prose] [--minutes 30] [--window 60] [--users 3]
-        [--learn-steps 40] [--min-sequences 96] [--out benchmarks/results/learning_ab_<workload>_cpu.json]
+        [--temperature T] [--algorithm dflash_adaptive|dflash] [--learn-steps 40] [--min-sequences 96]
+        [--out benchmarks/results/learning_ab_<workload>[_t<T>]_cpu.json]
 
 Prints a markdown table, writes JSON and a PNG next to it.
 """
@@ -67,12 +68,14 @@ TASKS = ("Write a short story about {t}.", "Describe {t} to someone who has neve
          "Write a news report about {t}.", "Describe the sounds and smells of {t}.",
          "Write a dialogue between two people about {t}.", "Write a postcard from {t}.",
          "Summarise a day spent with {t}.", "Write a speech that mentions {t}.")
+STYLES = ("", " Keep it short.", " Write it for a child.", " Use a formal tone.", " Make it funny.")
 
 
 def dataset(workload: str, n: int, seed: int) -> list[dict]:
     """Locust dataset lines: `n` distinct prompts of the workload, shuffled deterministically."""
     if workload == "prose":
-        lines = [{"messages": [{"role": "user", "content": task.format(t=t)}]} for t in TOPICS for task in TASKS]
+        lines = [{"messages": [{"role": "user", "content": task.format(t=t) + style}]}
+                 for t in TOPICS for task in TASKS for style in STYLES]
         random.Random(seed).shuffle(lines)
         return lines[:n]
     from dflash_models import corpus, data
@@ -97,23 +100,31 @@ def _by_position(snap, name: str) -> dict[int, float]:
 
 def window(before: dict, after: dict, seconds: float, min_tried: int = 20) -> dict:
     """What one server did between two scrapes: served acceptance length, the drafter's full-block acceptance (None
-    when a position was tried fewer than `min_tried` times in the window), output tokens/s, swaps so far."""
+    when its first position was tried fewer than `min_tried` times in the window), output tokens/s, swaps so far."""
     def d(name: str) -> float:
         return (server_metrics.total(after, name) or 0.0) - (server_metrics.total(before, name) or 0.0)
 
     steps, accepted = d("dflash_verify_steps_total"), d("dflash_accepted_tokens_total")
     acc_a, acc_b = (_by_position(s, "dflash_accepted_tokens_by_position_total") for s in (before, after))
     tri_a, tri_b = (_by_position(s, "dflash_tried_tokens_by_position_total") for s in (before, after))
-    block, run, ok = 1.0, 1.0, True
+    # Positions tried fewer than `min_tried` times end the sum (their share is the product of every earlier p_j:
+    # small where few drafts reach them); the first position must have its tries.
+    block, run, ok = 1.0, 1.0, False
     for k in sorted(tri_b):
         tried = tri_b[k] - tri_a.get(k, 0.0)
         if tried < min_tried:
-            ok = False
             break
+        ok = True
         run *= (acc_b.get(k, 0.0) - acc_a.get(k, 0.0)) / tried
         block += run
-    return {"acceptance": round(1 + accepted / steps, 3) if steps else None,
-            "drafter_block_acceptance": round(block, 3) if ok and tri_b else None,
+    if not steps:  # upstream's dflash worker: SGLang's own counters (tokens per verify call)
+        calls = d("sglang:spec_verify_calls_total")
+        return {"acceptance": round(d("sglang:generation_tokens_total") / calls, 3) if calls else None,
+                "drafter_block_acceptance": None,
+                "tokens_per_s": round(d("sglang:generation_tokens_total") / seconds, 1),
+                "swaps": int(server_metrics.total(after, "dflash_drafter_swaps_total") or 0)}
+    return {"acceptance": round(1 + accepted / steps, 3),
+            "drafter_block_acceptance": round(block, 3) if ok else None,
             "tokens_per_s": round(d("sglang:generation_tokens_total") / seconds, 1),
             "swaps": int(server_metrics.total(after, "dflash_drafter_swaps_total") or 0)}
 
@@ -194,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=("realcode", "prose"), default="realcode")
     p.add_argument("--config", default=str(REPO / "deploy/configs/cpu.yaml"))
+    p.add_argument("--algorithm", choices=("dflash_adaptive", "dflash"), default="dflash_adaptive",
+                   help="dflash: every step verifies the full block, so the served acceptance is the drafter's own "
+                        "(under dflash_adaptive a low-acceptance workload runs width 1 and rarely tries the drafter)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="override the workload's (realcode 0, prose 1)")
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--window", type=float, default=60)
     p.add_argument("--users", type=int, default=3)
@@ -203,21 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--final-seconds", type=float, default=120, help="the original-mix phase at the end")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
-    out = Path(a.out or REPO / f"benchmarks/results/learning_ab_{a.workload}_cpu.json")
+    temperature = TEMPERATURE[a.workload] if a.temperature is None else a.temperature
+    tag = a.workload if a.temperature is None else f"{a.workload}_t{a.temperature:g}"
+    out = Path(a.out or REPO / f"benchmarks/results/learning_ab_{tag}_cpu.json")
 
     base = Path(a.config)
     cfg = yaml.safe_load(base.read_text())
     for section, key in (("model", "path"), ("speculative", "draft_model_path")):
         q = Path(cfg[section][key])
         cfg[section][key] = str(q if q.is_absolute() else (base.parent / q).resolve())
-    cfg["speculative"]["algorithm"] = "dflash_adaptive"
+    cfg["speculative"]["algorithm"] = a.algorithm
     cfg["server"] |= {"admin_api_key_env": ADMIN_ENV, "cpu_threads": 1, "max_running_requests": 16}
     os.environ[ADMIN_ENV] = ADMIN
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         raw = tmp / "raw"
         raw.mkdir()
-        for name, n, seed in ((a.workload, 20000 if a.workload == "realcode" else 600, 5), ("original", 400, 6)):
+        for name, n, seed in ((a.workload, 20000 if a.workload == "realcode" else 3000, 5), ("original", 400, 6)):
             lines = dataset(name, n, seed)
             (tmp / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         learn_cfg = json.loads(json.dumps(cfg))
@@ -240,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 rows, runs = run_phase(servers, tmp / f"{a.workload}.jsonl", a.users, 60 * a.minutes,
-                                       TEMPERATURE[a.workload], a.max_new, a.window, raw, a.workload, show)
+                                       temperature, a.max_new, a.window, raw, a.workload, show)
             finally:
                 learner.terminate()
                 learner.wait(60)
@@ -280,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                                         else str(out), "config": Path(a.config).name},
                                "windows": rows, "original_mix_after": final, "decisions": decisions,
                                "summary": summary, "table": table, "learner_log_tail": learner_tail}, indent=1) + "\n")
-    plot(rows, decisions, t0_unix, f"learning vs static drafter, {a.workload} "
-         f"({'greedy' if not TEMPERATURE[a.workload] else 'temperature 1'}), {a.users} users each",
+    plot(rows, decisions, t0_unix, f"learning vs static drafter ({a.algorithm}), {a.workload} "
+         f"({'greedy' if not temperature else f'temperature {temperature:g}'}), {a.users} users each",
          out.with_suffix(".png"))
     return 0
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from dflash_models.learn import gate, store, swap
 from dflash_models.learn.distill import FinetuneSpec, finetune, load_drafter, save_drafter
-from dflash_models.learn.versions import Versions
+from dflash_models.learn.versions import INITIAL, Versions
 
-ORIGINAL_TRAIN, ORIGINAL_EVAL, ORIGINAL_MAX_NEW = 96, 32, 96
+# The original-mix check needs a large enough slice to see a loss of a few per cent (32 missed one).
+ORIGINAL_TRAIN, ORIGINAL_EVAL, ORIGINAL_MAX_NEW = 96, 128, 96
 
 
 def log(msg: str) -> None:
@@ -45,6 +46,7 @@ class Learner:
         self.metrics.set_serving(self.versions.serving)
         self._pair = None
         self._original = None
+        self._initial_original: float | None = None
 
     @property
     def pair(self):
@@ -101,6 +103,9 @@ class Learner:
 
         fit = finetune(cand, self.pair, train_items, orig_train, spec, on_step=on_step, log=log)
         e, h = self.pair.embed, self.pair.head_w
+        if self._initial_original is None:  # the config's drafter on the original mix: the bound on forgetting
+            first, _ = load_drafter(self.versions.path(INITIAL))
+            self._initial_original = gate.measure(first, e, h, orig_eval)["all"].tokens_per_step
         figures, recent_all = {}, {}
         for name, model in (("serving", base), ("candidate", cand)):
             recent = gate.measure(model, e, h, held_items, held_classes)
@@ -115,11 +120,11 @@ class Learner:
                         figures["candidate"]["original"]["tokens_per_step"],
                         s["promote_margin"], s["max_original_loss"],
                         better=gate.better_share(recent_all["serving"], recent_all["candidate"]),
-                        confidence=s.get("promote_confidence", 0.95))
+                        confidence=s.get("promote_confidence", 0.95), original_initial=self._initial_original)
         total = start["steps_before"] + spec.steps  # the candidate's training steps since it left `serving`
         record = {"serving": serving, "train": fit, "captured": len(captured), "start": start, "total_steps": total,
                   "trained_on": len(train_items), "gated_on": len(held_items),
-                  **d.record(), "figures": figures}
+                  **d.record(), "original_initial": round(self._initial_original, 3), "figures": figures}
         if not d.promote:
             self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)
         else:

@@ -125,12 +125,16 @@ class Decision:
 
 def decide(recent_serving: float, recent_candidate: float, original_serving: float, original_candidate: float,
            margin: float, max_original_loss: float, better: float | None = None,
-           confidence: float = 0.95) -> Decision:
+           confidence: float = 0.95, original_initial: float | None = None) -> Decision:
     """Promote iff recent gains >= `margin` (a fraction), the candidate beat the serving drafter in at least
     `confidence` of the resamples of the recent slice (`better`, from `better_share`; None: not checked), and the
-    original mix loses <= `max_original_loss`."""
+    original mix loses <= `max_original_loss` against the config's own drafter (`original_initial`; None: the
+    serving one). Against the first drafter, not the serving one: each promotion's allowed loss would otherwise
+    add up across promotions."""
     gain = recent_candidate / recent_serving - 1
-    loss = 1 - original_candidate / original_serving
+    reference = original_serving if original_initial is None else original_initial
+    against = "the serving drafter" if original_initial is None else "the config's drafter"
+    loss = 1 - original_candidate / reference
     if gain < margin:
         why = f"recent traffic {recent_candidate:.3f} vs {recent_serving:.3f} tokens/step: {gain:+.1%} < +{margin:.0%}"
         return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
@@ -139,10 +143,10 @@ def decide(recent_serving: float, recent_candidate: float, original_serving: flo
                f"(< {confidence:.0%}): not distinguishable from the serving drafter yet")
         return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
     if loss > max_original_loss:
-        why = (f"original mix {original_candidate:.3f} vs {original_serving:.3f} tokens/step: "
+        why = (f"original mix {original_candidate:.3f} vs {reference:.3f} tokens/step of {against}: "
                f"{-loss:+.1%} loses more than {max_original_loss:.0%}")
         return Decision(False, why, recent_serving, recent_candidate, original_serving, original_candidate)
     sure = f", better in {better:.0%} of resamples" if better is not None else ""
-    why = (f"recent traffic {gain:+.1%} (>= +{margin:.0%}{sure}), original mix {-loss:+.1%} "
+    why = (f"recent traffic {gain:+.1%} (>= +{margin:.0%}{sure}), original mix {-loss:+.1%} against {against} "
            f"(>= -{max_original_loss:.0%})")
     return Decision(True, why, recent_serving, recent_candidate, original_serving, original_candidate)
