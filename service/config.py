@@ -263,8 +263,8 @@ class LearningConfig(_Strict):
         0.95, ge=0.5, lt=1, description="The gate: the share of bootstrap resamples of the held-out slice in which "
                                         "the candidate must beat the serving drafter (a gain that is not noise).")
     max_original_loss: float = Field(
-        0.05, ge=0, description="The gate: the candidate may lose at most this fraction of the serving drafter's "
-                                "tokens per step on the original mix.")
+        0.05, ge=0, description="The gate: the candidate may lose at most this fraction of the config's own "
+                                "drafter's tokens per step on the original mix (across all promotions).")
     interval_seconds: float = Field(300, gt=0, description="`dflash-serve learn --loop`: seconds between rounds.")
     metrics_port: int | None = Field(
         9401, ge=1, le=65535, description="The learner's own Prometheus /metrics port (null: none).")
