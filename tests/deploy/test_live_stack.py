@@ -171,7 +171,7 @@ def test_dashboard_metrics_exist_on_the_server(live):
 def test_render_dashboards(live, tmp_path):
     report = render_dashboards.render_all(live.prom.client, tmp_path, live.load.start - 2, live.end,
                                           rate_interval="5s", step=1)
-    assert set(report) == {"serving", "dflash", "fleet"}
+    assert set(report) == {"serving", "dflash", "fleet", "learning"}
     for name in report:
         png = tmp_path / f"dashboard-{name}.png"
         assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
