@@ -41,7 +41,7 @@ from loadtest import server_metrics  # noqa: E402
 
 ADMIN_ENV, ADMIN = "DFLASH_LEARN_BENCH_ADMIN", "learn-bench-admin-key"
 CHAT = REPO / "loadtest" / "chat.py"
-TEMPERATURE = {"realcode": 0.0, "prose": 1.0, "original": 0.0}
+TEMPERATURE = {"realcode": 0.0, "prose": 1.0}
 
 
 def site_packages_files() -> list[Path]:
@@ -117,14 +117,12 @@ def window(before: dict, after: dict, seconds: float, min_tried: int = 20) -> di
         ok = True
         run *= (acc_b.get(k, 0.0) - acc_a.get(k, 0.0)) / tried
         block += run
-    if not steps:  # upstream's dflash worker: SGLang's own counters (tokens per verify call)
+    if steps:
+        served = round(1 + accepted / steps, 3)
+    else:  # upstream's dflash worker exports no dflash_* counters: SGLang's own (tokens per verify call)
         calls = d("sglang:spec_verify_calls_total")
-        return {"acceptance": round(d("sglang:generation_tokens_total") / calls, 3) if calls else None,
-                "drafter_block_acceptance": None,
-                "tokens_per_s": round(d("sglang:generation_tokens_total") / seconds, 1),
-                "swaps": int(server_metrics.total(after, "dflash_drafter_swaps_total") or 0)}
-    return {"acceptance": round(1 + accepted / steps, 3),
-            "drafter_block_acceptance": round(block, 3) if ok else None,
+        served = round(d("sglang:generation_tokens_total") / calls, 3) if calls else None
+    return {"acceptance": served, "drafter_block_acceptance": round(block, 3) if ok else None,
             "tokens_per_s": round(d("sglang:generation_tokens_total") / seconds, 1),
             "swaps": int(server_metrics.total(after, "dflash_drafter_swaps_total") or 0)}
 

@@ -125,8 +125,9 @@ class Learner:
         record = {"serving": serving, "train": fit, "captured": len(captured), "start": start, "total_steps": total,
                   "trained_on": len(train_items), "gated_on": len(held_items),
                   **d.record(), "original_initial": round(self._initial_original, 3), "figures": figures}
+        trained_through = train[-1].t if train else 0.0
         if not d.promote:
-            self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)
+            self._keep_candidate(cand, serving, trained_through, total)
         else:
             version = self.versions.next_version()
             save_drafter(cand, cfg, self.versions.path(version), Path(s["target"]))
@@ -135,7 +136,7 @@ class Learner:
                 record["swaps"] = swap.push_all(s["servers"], self.versions.path(version), version, self.admin_key)
             except swap.SwapError as err:
                 record.update(promote=False, reason=f"promoted by the gate, swap failed: {err}")
-                self._keep_candidate(cand, serving, train[-1].t if train else 0.0, total)
+                self._keep_candidate(cand, serving, trained_through, total)
                 self.versions.log_decision(record)
                 self.metrics.rounds.labels(outcome="failed").inc()
                 log(f"[learn] {version}: swap failed: {err}")
@@ -158,20 +159,21 @@ class Learner:
 
         meta = self.versions.candidate_meta()
         weights = self.versions.candidate_dir / "weights.pt"
+        why = None
         if meta is None or not weights.is_file():
-            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
-        if meta["base"] != serving:
-            log(f"[learn] last candidate was trained from {meta['base']}, {serving} serves now: starting from "
-                f"{serving}")
-            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
-        if held and held[0].t <= meta["trained_through"]:
-            log("[learn] last candidate trained on part of this round's held-out slice (too little new traffic): "
-                f"starting from {serving}")
-            return copy.deepcopy(base), {"from": serving, "steps_before": 0}
-        cand = copy.deepcopy(base)
-        cand.load_state_dict(torch.load(weights))
-        log(f"[learn] continuing the last candidate ({meta['steps']} steps so far, from {serving})")
-        return cand, {"from": "candidate", "steps_before": int(meta["steps"])}
+            pass
+        elif meta["base"] != serving:
+            why = f"last candidate was trained from {meta['base']}, {serving} serves now"
+        elif held and held[0].t <= meta["trained_through"]:
+            why = "last candidate trained on part of this round's held-out slice (too little new traffic)"
+        else:
+            cand = copy.deepcopy(base)
+            cand.load_state_dict(torch.load(weights))
+            log(f"[learn] continuing the last candidate ({meta['steps']} steps so far, from {serving})")
+            return cand, {"from": "candidate", "steps_before": int(meta["steps"])}
+        if why:
+            log(f"[learn] {why}: starting from {serving}")
+        return copy.deepcopy(base), {"from": serving, "steps_before": 0}
 
     def _keep_candidate(self, cand, serving: str, trained_through: float, steps: int) -> None:
         import torch

@@ -12,8 +12,8 @@ accepts, the chain sampler's lower bound).
 
 The gain must also be real, not the luck of a small slice: the held-out sequences are resampled (a paired bootstrap:
 both drafters on the same resampled sequences) and the candidate is promoted only if its tokens per step beat the
-serving drafter's in at least `confidence` of the resamples. A slice of a few dozen requests swings by several per
-cent between two equally good drafters; the margin alone would promote noise.
+serving drafter's in at least `confidence` of the resamples. A small slice's figure moves with the few requests it
+holds, so the margin alone would promote noise.
 """
 from __future__ import annotations
 

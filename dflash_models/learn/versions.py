@@ -71,7 +71,6 @@ class Versions:
         p = self.dir / "decisions.jsonl"
         return [json.loads(x) for x in p.read_text().splitlines()] if p.is_file() else []
 
-
     # A refused candidate is where training stands, not a dead end: the next round continues it, so training time
     # adds up across rounds (a round's steps alone are minutes of CPU). It is only continued while the drafter it
     # started from is still serving (a promotion or rollback ends the line) and while the gate's held-out slice is

@@ -219,12 +219,13 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     """Training adds up across rounds (a refused candidate is continued, not thrown away) only while the gate's
     held-out slice is traffic the candidate never trained on, and a promotion ends the line."""
     import torch
+    from transformers import AutoTokenizer
 
     from dflash_models import corpus
     from dflash_models.learn.cli import Learner
     from dflash_models.learn.distill import load_drafter
 
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(str(BUNDLED / "target"))
+    tok = AutoTokenizer.from_pretrained(str(BUNDLED / "target"))
     files = corpus.split_files(corpus.stdlib_files()).heldout[:16]
     seqs = [tok(corpus.read_text(f)[:900], add_special_tokens=False)["input_ids"][:96] for f in files]
     w = _writer(tmp_path)
@@ -272,7 +273,7 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     third = learner.round()
     assert third["start"] == {"from": "initial", "steps_before": 0}
 
-    # A promotion ends the line: the next round starts from the promoted drafter.
+    # A promotion ends the line: the candidate is dropped, the next round starts from the promoted drafter.
     learner.s.update(promote_margin=-1.0, max_original_loss=10.0, promote_confidence=0.0)
     promoted = learner.round()
     assert promoted["outcome"] == "promoted" and learner.versions.serving == promoted["version"]
