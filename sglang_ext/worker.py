@@ -34,7 +34,7 @@ import time
 import torch
 
 import sglang.srt.speculative.dflash_worker_v2 as upstream
-from sglang.srt.runtime_context import get_schedule
+from sglang.srt.runtime_context import get_memory, get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from sglang_ext import names, refusals, support
@@ -93,9 +93,12 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         why = refusals.per_request_widths_refusal(torch.device(self.device).type) if self._ragged else None
         if why is not None:
             raise ValueError(f"DFLASH_ADAPTIVE speculative.adaptive.per_request_widths: {why}")
-        self.draft_kv = DraftKV(self._append_target_hidden_to_draft_kv_by_loc,
+        # a left request's deferred rows are written only where its slots may live on in the prefix cache
+        self.draft_kv = DraftKV(super()._append_target_hidden_to_draft_kv_by_loc,
                                 compact=torch.device(self.device).type == "cpu",
-                                defers=os.environ.get(names.EAGER_APPEND) != "1")
+                                defers=os.environ.get(names.EAGER_APPEND) != "1",
+                                keep_left=not get_memory().disable_radix_cache)
+        self._prefill = None  # the prefill batch upstream is running (its prompt context is kept, not written)
         if os.environ.get(names.TRITON_ON_CPU) == "1":
             self._take_triton_branches_on_cpu()
         if self.selector is not None:
@@ -244,11 +247,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         now = time.perf_counter()
         mode = batch.forward_mode
+        self.draft_kv.before_forward()  # a request that left may hand its slots to this forward
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
-            self.draft_kv.flush()  # a prefill reads the draft KV of cached prefixes (and may reuse slots)
             self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
-                                                    pp_proxy_tensors=pp_proxy_tensors)
+            self._prefill = batch
+            try:
+                return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                                        pp_proxy_tensors=pp_proxy_tensors)
+            finally:
+                self._prefill = None
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
         decision = self.loop.begin_decode(rids, now, trees=self._trees and tree_serves(batch),
@@ -271,6 +278,22 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if decision.block_size > self.max_block:
             return decode_tree(ctx)
         return decode_chain(ctx)
+
+    def _append_target_hidden_to_draft_kv_by_loc(self, *, target_hidden, cache_loc, positions, cache_loc_2d=None,
+                                                 commit_lens=None, extend_lens=None) -> None:
+        """Upstream writes a prefill's prompt context to the draft KV inside its prefill (its only call with
+        ``extend_lens``): kept for the next flush instead (steps/draft_kv.py, before the first draft reads it), so
+        the first token does not wait for the drafter's projection of every prompt token, and a request that never
+        drafts does not pay it at its prefill."""
+        batch = self._prefill
+        if (extend_lens is not None and batch is not None and cache_loc_2d is None and batch.extend_lens is not None
+                and len(batch.extend_lens) == len(batch.reqs)
+                and self.draft_kv.defer_prompt(target_hidden[: cache_loc.numel()], cache_loc, positions,
+                                               batch.reqs, batch.extend_lens)):
+            return
+        super()._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=target_hidden, cache_loc=cache_loc, positions=positions, cache_loc_2d=cache_loc_2d,
+            commit_lens=commit_lens, extend_lens=extend_lens)
 
     # -- feedback (host side, after SGLang's copy-done sync): the loop's ------------------------------------------
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int], batch_size: int = 0) -> None:

@@ -11,7 +11,10 @@ machine (``CostModel.active_seed_measured`` False), when its cell was never meas
 NEVER_FLOOR of ``cur``'s goodput, and the width was not measured at a bucket within 2x of this batch size
 (``CostModel.active_measured_near``: its cell is then priced from that measurement). The best-predicted
 qualifying candidate not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions is
-picked. ``explorations`` counts the picks.
+picked. Never a width that could not win if its step cost no more than ``cur``'s: a wider width (a step costs
+at least what a narrower one does, cost_model.py keeps the table monotone) whose expected tokens (``tokens``) are
+within ``hysteresis`` of ``cur``'s would not be switched to whatever its cell measured. ``explorations`` counts the
+picks.
 Invariants: depends only on the broadcast cost table and the decision count (identical on every TP rank).
 """
 from __future__ import annotations
@@ -42,6 +45,9 @@ class Exploration:
         self._under_version = -1
         self._ok_for: tuple | None = None  # the inputs of the candidates it holds (`good` by identity)
         self._ok = np.zeros(0, dtype=bool)
+        # [cur, k]: candidate k verifies more tokens per request than cur (a tree's width counts its nodes)
+        widths = np.asarray(cands.array)
+        self._wider = widths[None, :] > widths[:, None]
 
     def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """(under-measured or stale cells, never-measured cells to try whatever the margin) of the bucket."""
@@ -62,8 +68,10 @@ class Exploration:
             self._under_cache[bucket] = cached
         return cached
 
-    def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int) -> int:
-        """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract)."""
+    def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int,
+             tokens: np.ndarray | None = None) -> int:
+        """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract); ``tokens``:
+        the batch's expected tokens per step at each candidate (None: no width is ruled out by them)."""
         under, never = self._unmeasured(bs, bucket)
         if not under.any():
             return cur
@@ -74,6 +82,8 @@ class Exploration:
             near = good >= good[cur] * (1.0 - self.cfg.explore_margin)
             ok = (under & near) | (never & (good >= good[cur] * NEVER_FLOOR))
             ok[cur] = False
+            if tokens is not None:  # why: a drafter that guesses nothing makes every wider width a lost dwell period
+                ok &= ~(self._wider & (tokens <= tokens[cur] * (1.0 + self.cfg.hysteresis)))[cur]
             self._ok_for, self._ok = (good, cur, bucket, version), ok
         if not ok.any():
             return cur

@@ -1,39 +1,87 @@
 """The committed tokens' target features appended to the draft KV, so the draft context stays current at every
-width; a width-1 step's append deferred and written in one batched pass (docs/ARCHITECTURE.md §3, step 4)."""
+width; a width-1 step's append and a prefill's prompt context deferred and written in one batched pass before the
+next draft reads them (docs/ARCHITECTURE.md §3, step 4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 # width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
 DEFERRED_APPEND_STEPS = 16
+# rows of target features held for deferred appends at most (a prompt's context counts one row per token): a
+# prefill that would hold more is written at once, as upstream writes it
+DEFERRED_APPEND_ROWS = 8192
 
 
 @dataclass(frozen=True)
 class DeferredAppend:
-    """One width-1 step's draft-KV append, not yet written: the committed token's target features and where the
-    draft KV keeps them (draft-pool ids and positions). Width 1 commits exactly one token per request."""
+    """One deferred draft-KV append, not yet written: target features and where the draft KV keeps them (draft-pool
+    ids and positions), one row per committed token -- a width-1 step's (one per request) or a prefill's prompt
+    context (one per prompt token) --, and whose rows they are: (rid, rows) in row order."""
 
-    hidden: torch.Tensor  # [bs, D]
-    cache_loc: torch.Tensor  # [bs] draft-pool KV slots
-    positions: torch.Tensor  # [bs]
+    hidden: torch.Tensor  # [n, D]
+    cache_loc: torch.Tensor  # [n] draft-pool KV slots
+    positions: torch.Tensor  # [n]
+    rows: tuple[tuple[str, int], ...]
+
+    def split(self, gone: set[str]) -> tuple["DeferredAppend | None", "DeferredAppend | None"]:
+        """(the rows of requests in ``gone``, the others), each None when empty."""
+        flags = [rid in gone for rid, _ in self.rows]
+        if not any(flags):
+            return None, self
+        if all(flags):
+            return self, None
+        starts = [0]
+        for _, n in self.rows:
+            starts.append(starts[-1] + n)
+
+        def part(gone_part: bool) -> DeferredAppend:
+            # host-built indices: a boolean mask would sync a device to size its result
+            idx = torch.cat([torch.arange(starts[i], starts[i + 1]) for i, f in enumerate(flags) if f == gone_part])
+            idx = idx.to(self.cache_loc.device, non_blocking=True)
+            return DeferredAppend(self.hidden.index_select(0, idx), self.cache_loc.index_select(0, idx),
+                                  self.positions.index_select(0, idx),
+                                  tuple(r for r, f in zip(self.rows, flags) if f == gone_part))
+
+        return part(True), part(False)
+
+
+def _owns_its_slots(req: Any, kv: Any, pool_idx: Any) -> bool:
+    """Whether ``req`` still holds the KV slots it held as ``kv`` (SGLang's per-request KV record) at request-pool
+    row ``pool_idx``: a request that finished, was aborted or retracted, or was re-admitted, does not (its slots may
+    be handed on)."""
+    return not (req.finished() or req.is_retracted or req.kv is not kv or kv.req_pool_idx != pool_idx)
 
 
 class DraftKV:
     """Writes committed tokens' features to the draft KV through upstream's writer (``write``:
-    ``_append_target_hidden_to_draft_kv_by_loc``). Deferred appends are written before anything reads the draft
-    KV (the caller flushes before a draft or a prefill), when a request leaves the batch (its slots may be handed
-    on: one pass never writes a slot twice) and after DEFERRED_APPEND_STEPS steps; the draft KV is then what
-    per-step appends write. ``defers``: width-1 steps defer (off: every step appends, the reference)."""
+    ``_append_target_hidden_to_draft_kv_by_loc``).
 
-    def __init__(self, write: Callable[..., None], *, compact: bool, defers: bool) -> None:
+    Deferred appends (width-1 steps, ``defer``; a prefill's prompt context, ``defer_prompt``) are written in one
+    pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
+    none -- and after DEFERRED_APPEND_STEPS width-1 steps. Before any forward (``before_forward``), the rows of a
+    request that has left (finished, aborted, retracted: its slots may be handed on, and one pass never writes a
+    slot twice) are written at once when its slots may live on in the prefix cache (``keep_left``), else dropped:
+    nobody reads them. So a request that never drafts pays no prompt context at its prefill, and none at all
+    without a prefix cache; the draft KV a draft reads is what per-step appends write (tested against ``defers``
+    off: every step and every prefill written at once, the reference)."""
+
+    def __init__(self, write: Callable[..., None], *, compact: bool, defers: bool, keep_left: bool = True) -> None:
         self._write = write
         self._compact = compact
         self.defers = defers
+        self.keep_left = keep_left
         self._pending: list[DeferredAppend] = []
-        self._rids: list[str] = []  # the batch the pending appends were taken from
+        self._owners: dict[str, tuple[Any, Any, Any]] = {}  # rid -> (Req, its KV record, its request-pool row)
+        self._rows = 0  # rows pending
+        self._width1_steps = 0  # width-1 steps pending
+        self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
+
+    @property
+    def pending_rows(self) -> int:
+        return self._rows
 
     def append(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
                commit_lens: torch.Tensor) -> None:
@@ -58,30 +106,78 @@ class DraftKV:
         self._write(target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=cache_loc.reshape(-1),
                     positions=positions.reshape(-1))
 
-    def defer(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor) -> None:
-        """Keep a width-1 step's append ([bs, D], [bs], [bs]) for the next flush: copies, as a CUDA graph's output
-        buffer is overwritten by the next replay."""
-        self._pending.append(DeferredAppend(hidden.clone(), cache_loc.clone(), positions.to(torch.int64, copy=True)))
+    def _keep(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+              reqs: Sequence[Any], counts: Sequence[int]) -> None:
+        # copies: a CUDA graph's output buffer is overwritten by the next replay
+        self._pending.append(DeferredAppend(hidden.clone(), cache_loc.to(torch.int64, copy=True),
+                                            positions.to(torch.int64, copy=True),
+                                            tuple((r.rid, int(n)) for r, n in zip(reqs, counts))))
+        self._rows += int(cache_loc.numel())
+        for r in reqs:  # the slots a request held when its first pending row was kept
+            self._owners.setdefault(r.rid, (r, r.kv, r.kv.req_pool_idx))
 
-    def start_width1_step(self, rids: list[str]) -> None:
-        """Before a width-1 step: a request that left the batch may have handed its KV slots on, so flush first."""
-        if rids != self._rids:
-            self.flush()
-            self._rids = rids
+    def defer(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+              reqs: Sequence[Any]) -> None:
+        """Keep a width-1 step's append ([bs, D], [bs], [bs]; ``reqs`` its batch's requests) for the next flush."""
+        self._keep(hidden, cache_loc, positions, reqs, [1] * len(reqs))
+        self._width1_steps += 1
+
+    def defer_prompt(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+                     reqs: Sequence[Any], extend_lens: Sequence[int]) -> bool:
+        """Keep a prefill's prompt context ([n, D], [n], [n]: ``extend_lens[i]`` tokens of ``reqs[i]`` in turn) for
+        the next flush -> False when it is not kept (deferring off, or it would hold more than
+        DEFERRED_APPEND_ROWS): the caller writes it at once."""
+        n = int(cache_loc.numel())
+        if not self.defers or self._rows + n > DEFERRED_APPEND_ROWS or sum(extend_lens) != n:
+            return False
+        self._keep(hidden, cache_loc, positions, reqs, extend_lens)
+        return True
+
+    def before_forward(self) -> None:
+        """Before any forward: the rows of requests that no longer own their slots are written (``keep_left``) or
+        dropped; the others stay pending."""
+        if not self._pending:
+            return
+        gone = {rid for rid, o in self._owners.items() if not _owns_its_slots(*o)}
+        if not gone:
+            return
+        left, kept = [], []
+        for d in self._pending:
+            a, b = d.split(gone)
+            if a is not None:
+                left.append(a)
+            if b is not None:
+                kept.append(b)
+        for rid in gone:
+            del self._owners[rid]
+        n_left = sum(int(d.cache_loc.numel()) for d in left)
+        self._pending, self._rows = kept, self._rows - n_left
+        if not kept:
+            self._width1_steps = 0
+        if self.keep_left:
+            self._write_rows(left)
+        else:
+            self.rows_dropped += n_left
 
     def end_width1_step(self) -> None:
-        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps are pending (bounds the features held)."""
-        if len(self._pending) >= DEFERRED_APPEND_STEPS:
+        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps or DEFERRED_APPEND_ROWS rows are pending."""
+        if self._width1_steps >= DEFERRED_APPEND_STEPS or self._rows >= DEFERRED_APPEND_ROWS:
             self.flush()
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses)."""
         if not self._pending:
             return
-        steps, self._pending = self._pending, []
-        hidden = torch.cat([d.hidden for d in steps])
-        cache_loc = torch.cat([d.cache_loc for d in steps])
-        positions = torch.cat([d.positions for d in steps])
+        steps, self._pending, self._rows, self._width1_steps = self._pending, [], 0, 0
+        self._owners.clear()
+        self._write_rows(steps)
+
+    def _write_rows(self, steps: list[DeferredAppend]) -> None:
+        if not steps:
+            return
+        hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
+        cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc
+        positions = torch.cat([d.positions for d in steps]) if len(steps) > 1 else steps[0].positions
         n = int(cache_loc.numel())
         self.append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
                     torch.ones(n, dtype=torch.int32, device=cache_loc.device))

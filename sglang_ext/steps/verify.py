@@ -101,7 +101,7 @@ def verify_chain(ctx: StepContext, window: StepWindow, cand: torch.Tensor, b: in
     hidden = target_hidden(logits_output).view(bs, b, -1)
     cache_loc = window.plan.write_ids(w.draft_model_runner.kv_index_translator, cols=slice(0, b))
     if defer_append:
-        w.draft_kv.defer(hidden.reshape(bs, -1), cache_loc.reshape(-1), positions)
+        w.draft_kv.defer(hidden.reshape(bs, -1), cache_loc.reshape(-1), positions, batch.reqs)
     else:
         w.draft_kv.append(hidden, cache_loc.view(bs, b), positions.view(bs, b), commit_lens)
     logits_output.hidden_states = None

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 def decode_width1(ctx: StepContext) -> GenerationBatchResult:
     w, bs = ctx.worker, ctx.bs
-    w.draft_kv.start_width1_step(ctx.rids)
     window = width1_window(ctx)
     cand = ctx.draft_input.bonus_tokens.view(bs, 1)
     result = verify_chain(ctx, window, cand, 1, defer_append=w.draft_kv.defers)

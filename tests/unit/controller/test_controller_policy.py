@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -175,17 +177,22 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     assert _probe_gaps(far, 96) == [32, 32, 32]
 
 
+# drafts never accepted leave width 2's expected tokens 0.4 % above width 1's (the prior): a hysteresis below that
+# lets exploration try it at all (a width that cannot win at any cost is never tried, exploration.py)
+NEVER_ACCEPTED_HYSTERESIS = 0.003
 EXCURSION_CFG = ControllerConfig(mode="adaptive", min_dwell_steps=2, explore_margin=0.2, probe_interval=32,
-                                 probe_near_interval=4, cost_sync_interval=1)
+                                 probe_near_interval=4, cost_sync_interval=1, hysteresis=NEVER_ACCEPTED_HYSTERESIS)
 
 
-def _excursions(true_cost, steps: int) -> tuple[BlockSizeController, list[int], list[tuple[int, int]]]:
-    """One request whose drafts are never accepted; width 2 is seeded near width 1's cost (unmeasured, within
-    explore_margin: tried) and drafting near enough for near probes. ``true_cost(i)``: the step times at step i.
-    Returns the controller, the width of every step and (step, width) of every probe."""
-    ctrl = BlockSizeController(EXCURSION_CFG, flat_cost({1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}))
-    for _ in range(50):
-        feed(ctrl, ["a"], np.array([0]), 16)
+def _excursions(true_cost, steps: int, cfg: ControllerConfig = EXCURSION_CFG, seed2: float = 0.0105,
+                warm_every: int = 0) -> tuple[BlockSizeController, list[int], list[tuple[int, int]]]:
+    """One request whose drafts are never accepted (``warm_every``: but one in that many drafts of the warm-up
+    was); width 2 is seeded near width 1's cost (unmeasured, within explore_margin: tried) and drafting near
+    enough for near probes. ``true_cost(i)``: the step times at step i. Returns the controller, the width of every
+    step and (step, width) of every probe."""
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: seed2, 4: 0.025, 8: 0.025, 16: 0.025}))
+    for i in range(50):
+        feed(ctrl, ["a"], np.array([int(warm_every > 0 and i % warm_every == 0)]), 16)
     widths, probes = [], []
     for i in range(steps):
         d = ctrl.decide(["a"])
@@ -217,7 +224,10 @@ def test_leaving_a_tried_width_that_was_kept_restarts_the_near_probes() -> None:
     """Width 2, tried, turns out cheaper and is kept for dozens of steps: it was adopted, not an excursion. When
     its cost rises and the controller goes back to width 1, that is a switch like any other: near probes from 4."""
     cheap = {1: 0.010, 2: 0.0085, 4: 0.025, 8: 0.025, 16: 0.025}
-    ctrl, widths, probes = _excursions(lambda i: cheap if i < 30 else {**cheap, 2: 0.02}, 100)
+    cfg = dataclasses.replace(EXCURSION_CFG, hysteresis=ControllerConfig().hysteresis)
+    ctrl, widths, probes = _excursions(lambda i: cheap if i < 30 else {**cheap, 2: 0.02}, 100, cfg, seed2=0.0115,
+                                       warm_every=5)  # width 2 expects 1.1 tokens: worth trying at default hysteresis
+    assert ctrl.explorations >= 1
     back = max(i for i in range(1, 100) if widths[i] == 1 and widths[i - 1] == 2)
     assert widths[back - 20:back] == [2] * 20  # width 2 held for 20+ steps before it was left
     assert widths[back:] == [1] * (100 - back)
@@ -264,7 +274,8 @@ def test_modelled_seed_skips_never_measured_cells_of_a_width_measured_at_a_nearb
                 ctrl.sync_cost_table()
         return seen
 
-    cfg = ControllerConfig(min_dwell_steps=2, cost_sync_interval=1, explore_margin=0.001, probe_interval=0)
+    cfg = ControllerConfig(min_dwell_steps=2, cost_sync_interval=1, explore_margin=0.001, probe_interval=0,
+                           hysteresis=NEVER_ACCEPTED_HYSTERESIS)
     ctrl = BlockSizeController(cfg, flat_cost({1: 0.01, 2: 0.011, 4: 0.012, 8: 0.05, 16: 0.1}, measured=False))
     for _ in range(50):
         feed(ctrl, ["x"], np.array([0]), 16)  # drafts never accepted: E(b) ~= 1 for every b
@@ -444,7 +455,8 @@ def test_candidates_bounded_by_max_block_and_cost_columns() -> None:
 
 
 def test_exploration_tries_an_unmeasured_near_best_block_once() -> None:
-    cfg = ControllerConfig(min_dwell_steps=2, explore_margin=0.2, cost_sync_interval=1)
+    cfg = ControllerConfig(min_dwell_steps=2, explore_margin=0.2, cost_sync_interval=1,
+                           hysteresis=NEVER_ACCEPTED_HYSTERESIS)
     ctrl = BlockSizeController(cfg, flat_cost({1: 0.01, 2: 0.0105, 4: 0.011, 8: 0.05, 16: 0.1}))
     ids = ["a"]
     for _ in range(50):
@@ -814,3 +826,28 @@ def test_prefix_drafted_widths_are_scored_by_what_their_own_steps_accept() -> No
     assert ctrl.calibration[0].steps.sum() == 0 and ctrl.calibration_ratios().tolist() == [[1.0] * 3] * 2
     feed(ctrl, ids, np.array([J, J]), 8, full_draft=False, sampled=[True, False])
     assert ctrl.calibration[1].steps.tolist() == [0, 0, 1] and ctrl.calibration[0].steps.tolist() == [0, 0, 1]
+
+
+def test_a_width_that_could_not_win_at_the_current_cost_is_never_explored() -> None:
+    """Drafts never accepted: a wider width's expected tokens are within hysteresis of width 1's, so even a cost
+    cell measured at width 1's own cost would not make it win -- trying it only buys dearer steps (prose at
+    temperature 1: the default controller kept leaving width 1 to measure cells). With drafts that are accepted,
+    width 2 runs."""
+    cfg = dataclasses.replace(EXCURSION_CFG, hysteresis=ControllerConfig().hysteresis)
+    seed = {1: 0.010, 2: 0.0105, 4: 0.025, 8: 0.025, 16: 0.025}  # width 2 seeded within explore_margin
+    for accepted, tried in ((0, False), (1, True)):
+        ctrl = BlockSizeController(cfg, flat_cost(seed))
+        for _ in range(50):
+            feed(ctrl, ["a"], np.array([accepted]), 16)
+        widths = []
+        for _ in range(120):
+            d = ctrl.decide(["a"])
+            widths.append(d.block_size)
+            feed(ctrl, ["a"], np.array([min(accepted, d.block_size - 1)]), d.block_size, full_draft=d.draft_full)
+            ctrl.observe_step_time(1, d.block_size, {1: 0.010, 2: 0.0115, 4: 0.025, 8: 0.025, 16: 0.025}[d.block_size],
+                                   probe=d.probe)
+            if ctrl.cost_sync_due:
+                ctrl.sync_cost_table()
+        assert (2 in widths) == tried, (accepted, widths)
+        if not tried:
+            assert ctrl.explorations == 0

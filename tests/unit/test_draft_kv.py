@@ -1,0 +1,115 @@
+"""DraftKV: deferred draft-KV appends (width-1 steps, a prefill's prompt context) reach the draft KV before a draft
+reads them, a request that leaves has its rows written (prefix cache on) or dropped (off) before its slots can be
+handed on, and no pass writes a slot twice. The writer is a recorder; the rules are the product's."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_ext.steps import draft_kv
+from sglang_ext.steps.draft_kv import DraftKV
+
+D = 4
+
+
+class Req:
+    """The fields of SGLang's Req that DraftKV reads."""
+
+    def __init__(self, rid: str, pool_idx: int) -> None:
+        self.rid, self.kv, self.is_retracted, self.finished_reason = rid, SimpleNamespace(req_pool_idx=pool_idx), \
+            False, None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.passes: list[dict[int, tuple[int, float]]] = []  # per pass: slot -> (position, feature)
+
+    def __call__(self, *, target_hidden, cache_loc, positions, **_) -> None:
+        slots = cache_loc.tolist()
+        assert len(set(slots)) == len(slots), "a pass wrote a slot twice"
+        self.passes.append({s: (int(p), float(h[0])) for s, p, h in zip(slots, positions.tolist(), target_hidden)})
+
+    def written(self) -> dict[int, tuple[int, float]]:
+        out: dict[int, tuple[int, float]] = {}
+        for p in self.passes:
+            out.update(p)
+        return out
+
+
+def rows(slots: list[int], start_pos: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features equal to the slot id (so what was written where is checkable), consecutive positions."""
+    s = torch.tensor(slots)
+    return s.float().view(-1, 1).expand(-1, D).clone(), s, torch.arange(start_pos, start_pos + len(slots))
+
+
+def kv(keep_left: bool = True, defers: bool = True) -> tuple[DraftKV, Recorder]:
+    rec = Recorder()
+    return DraftKV(rec, compact=True, defers=defers, keep_left=keep_left), rec
+
+
+def test_prompt_contexts_and_width1_rows_wait_for_the_next_draft_and_arrive_whole() -> None:
+    d, rec = kv()
+    a, b = Req("a", 0), Req("b", 1)
+    assert d.defer_prompt(*rows([10, 11, 12, 20, 21]), [a, b], [3, 2])  # one prefill of two prompts
+    d.defer(*rows([13, 22], 3), [a, b])  # a width-1 step
+    d.before_forward()  # both still own their slots: nothing written
+    d.end_width1_step()
+    assert rec.passes == [] and d.pending_rows == 7
+    d.flush()  # before a draft
+    assert len(rec.passes) == 1 and sorted(rec.written()) == [10, 11, 12, 13, 20, 21, 22]
+    assert all(feat == slot for slot, (_, feat) in rec.written().items())
+    assert d.pending_rows == 0
+
+
+@pytest.mark.parametrize("keep_left", [True, False])
+def test_a_request_that_leaves_has_its_rows_written_or_dropped_and_the_others_keep_waiting(keep_left: bool) -> None:
+    d, rec = kv(keep_left=keep_left)
+    a, b = Req("a", 0), Req("b", 1)
+    d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
+    d.defer(*rows([12, 21], 2), [a, b])
+    a.finished_reason = "stop"  # a leaves: its slots 10-12 may be handed to the next prefill
+    d.before_forward()
+    assert d.pending_rows == 2  # b's two rows still wait
+    assert rec.written() == ({10: (0, 10.0), 11: (1, 11.0), 12: (2, 12.0)} if keep_left else {})
+    assert d.rows_dropped == (0 if keep_left else 3)
+    c = Req("c", 0)  # takes a's request-pool row and slots
+    d.defer_prompt(*rows([10, 11]), [c], [2])
+    d.flush()
+    assert sorted(rec.passes[-1]) == [10, 11, 20, 21]  # c's rows and b's, one pass, each slot once
+
+
+@pytest.mark.parametrize("how", ["retracted", "readmitted"])
+def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> None:
+    d, rec = kv()
+    a = Req("a", 0)
+    d.defer(*rows([10]), [a])
+    if how == "retracted":
+        a.is_retracted = True
+    else:
+        a.kv = SimpleNamespace(req_pool_idx=5)  # a new KV record: new slots
+    d.before_forward()
+    assert rec.written() == {10: (0, 10.0)} and d.pending_rows == 0
+
+
+def test_a_prompt_past_the_row_bound_or_with_deferring_off_is_left_to_the_caller(monkeypatch) -> None:
+    monkeypatch.setattr(draft_kv, "DEFERRED_APPEND_ROWS", 4)
+    d, _ = kv()
+    a, b = Req("a", 0), Req("b", 1)
+    assert d.defer_prompt(*rows([1, 2, 3]), [a], [3])
+    assert not d.defer_prompt(*rows([4, 5]), [b], [2])  # 5 rows would be held
+    off, _ = kv(defers=False)
+    assert not off.defer_prompt(*rows([1]), [a], [1])
+
+
+def test_width1_steps_are_flushed_after_the_step_bound() -> None:
+    d, rec = kv()
+    a = Req("a", 0)
+    for i in range(draft_kv.DEFERRED_APPEND_STEPS):
+        d.defer(*rows([100 + i], i), [a])
+        d.end_width1_step()
+    assert len(rec.passes) == 1 and len(rec.passes[0]) == draft_kv.DEFERRED_APPEND_STEPS and d.pending_rows == 0
