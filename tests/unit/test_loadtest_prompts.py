@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from loadtest import make_mixed
+from loadtest import make_chat, make_mixed
 from loadtest.dataset import BUNDLED, DatasetError, Request, load_prompts, load_requests
 
 PROMPTS = BUNDLED.parent
@@ -119,3 +119,20 @@ def test_mixed_alternates_greedy_code_and_prose_at_temperature_1_as_make_mixed_w
                                                                        ("prose", 1)]
     assert Counter(r["category"] for r in rows) == {"code": 32, "prose": 32}
     assert {r.temperature for r in load_requests(path)} == {0.0, 1.0}
+
+
+def test_chat_is_256_token_sampled_chats_as_make_chat_writes_it():
+    """The chat workload's prompts are ~256 tokens under the served pair's tokenizer (the chat template applied,
+    as the server applies it), each different, sampled at temperature 1."""
+    from transformers import AutoTokenizer
+
+    path = PROMPTS / "chat.jsonl"
+    assert path.read_text() == make_chat.render(make_chat.build()), \
+        "chat.jsonl is stale: python -m loadtest.make_chat rewrites it"
+    reqs = load_requests(path)
+    tok = AutoTokenizer.from_pretrained(str(make_chat.TOKENIZER))
+    lengths = [len(tok(tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"]) for r in reqs]
+    assert len(reqs) == 64 and all(230 <= n <= 282 for n in lengths), lengths
+    assert len({json.dumps(r.messages) for r in reqs}) == len(reqs)
+    assert {r.temperature for r in reqs} == {1.0} and all(r.messages[0]["role"] == "system" for r in reqs)
