@@ -11,12 +11,16 @@ and 8 drafting the full block, `-full`, where the CPU default drafts only the ve
      sample is charged to the first phase below whose marker is on its stack (innermost phases first), and a
      phase's milliseconds per step = its share of the samples x the step time.
 
+With --prefill-seconds, the first token is profiled too: the same prompts answered with one token each, its time
+(the batch's TTFT) split into the same phases (the drafter's prompt context is "draft-KV append").
+
 Phases: draft forward, verify/decode forward (the target), accept/sample, draft-KV append, window/prepare (the
 step's KV window, the verify input, the scheduler's per-step reservation), controller+metrics (our loop),
 result processing (the scheduler's), scheduler other (the rest of the event loop: batching, I/O). py-spy drops
 samples of a sleeping thread, so shares are of the scheduler's busy time (at steady load it does not wait).
 
     python benchmarks/step_profile.py [--loads 1 16] [--configs no-spec adaptive-w1] [--seconds 10]
+    python benchmarks/step_profile.py --context 256 --loads 1 8 32 --prefill-seconds 6   # + the first token's phases
     git worktree add /tmp/before HEAD~3 && python benchmarks/step_profile.py --before /tmp/before   # before/after
 
 `--before DIR` adds `NAME@before` for every adaptive configuration: the same server run from the checkout DIR (its
@@ -201,6 +205,13 @@ def table(load: int, rows: dict[str, dict]) -> str:
                         for name, r in rows.items()})
 
 
+def prefill_table(load: int, rows: dict[str, dict]) -> str:
+    return phase_table(f"#### {load} concurrent request(s): ms to the first token (the batch's prefill) by phase",
+                       "first token ms", "step ms", {name: (r["first_token_ms"], f"{r['step_ms']:.2f}",
+                                                            r.get("prefill_phase_ms", {}))
+                                                     for name, r in rows.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
@@ -216,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="step-time measurements per point, taken in turns")
     p.add_argument("--seconds", type=float, default=10, help="py-spy recording per point")
     p.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
+    p.add_argument("--prefill-seconds", type=float, default=0,
+                   help="also profile the first token alone (prompts prefilled, one token answered) this long")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_profile_cpu.json")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="also run the adaptive configurations from this checkout (NAME@before), side by side")
@@ -251,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name].append(measure(server, ids, a.new_tokens, 1, is_speculative(name), a.temperature))
             for name, server in servers.items():
                 r = {"step_ms": statistics.median(x["step_ms"] for x in runs[name]),
-                     "step_ms_all": [x["step_ms"] for x in runs[name]]}
+                     "step_ms_all": [x["step_ms"] for x in runs[name]],
+                     "first_token_ms": statistics.median(x["first_token_ms"] for x in runs[name]),
+                     "first_token_ms_all": [x["first_token_ms"] for x in runs[name]]}
                 if is_speculative(name):
                     r["accept_length"] = statistics.mean(x["accept_length"] for x in runs[name])
                 samples = profile(server, ids, a.new_tokens, a.seconds, a.rate,
@@ -259,14 +274,23 @@ def main(argv: list[str] | None = None) -> int:
                 busy = sum(samples.values()) or 1
                 r["samples"] = dict(samples)
                 r["phase_ms"] = {ph: r["step_ms"] * samples.get(ph, 0) / busy for ph in PHASE_NAMES}
+                if a.prefill_seconds > 0:  # the first token alone: the prefill's phases (draft-KV append: the
+                    # drafter's prompt context)
+                    pre = profile(server, ids, 1, a.prefill_seconds, a.rate,
+                                  a.raw_dir / f"{name}_u{n}_prefill.txt" if a.raw_dir else None, a.temperature)
+                    r["prefill_samples"] = dict(pre)
+                    busy = sum(pre.values()) or 1
+                    r["prefill_phase_ms"] = {ph: r["first_token_ms"] * pre.get(ph, 0) / busy for ph in PHASE_NAMES}
                 results[str(n)][name] = r
                 print(f"[profile] {name}, {n} request(s): {r['step_ms']:.2f} ms/step", file=sys.stderr, flush=True)
     for n in a.loads:
         print(table(n, results[str(n)]) + "\n")
+        if a.prefill_seconds > 0:
+            print(prefill_table(n, results[str(n)]) + "\n")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"context": a.context, "new_tokens": a.new_tokens, "temperature": a.temperature,
                                  "repeats": a.repeats,
-                                 "seconds": a.seconds, "rate": a.rate, "phases": PHASE_NAMES,
+                                 "seconds": a.seconds, "prefill_seconds": a.prefill_seconds, "rate": a.rate, "phases": PHASE_NAMES,
                                  "loads": results}, indent=2) + "\n")
     print(f"wrote {a.out}", file=sys.stderr)
     return 0
