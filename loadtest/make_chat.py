@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from loadtest.make_mixed import render  # noqa: F401  (one JSONL writer for the generated prompt sets)
+
 PROMPTS = Path(__file__).resolve().parent / "prompts"
 OUT = PROMPTS / "chat.jsonl"
 TOKENIZER = Path(__file__).resolve().parents[1] / "models" / "tiny-code" / "target"
@@ -81,10 +83,6 @@ def build(tokens: int = 256, lines: int = LINES) -> list[dict]:
             raise ValueError(f"line {i}: {best[0]} prompt tokens, not within 10 % of {tokens}")
         out.append({"messages": best[1], "category": "chat", "temperature": TEMPERATURE})
     return out
-
-
-def render(rows: list[dict]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
