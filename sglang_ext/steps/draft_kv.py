@@ -10,9 +10,10 @@ import torch
 
 # width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
 DEFERRED_APPEND_STEPS = 16
-# rows of target features held for deferred appends at most (a prompt's context counts one row per token): a
-# prefill that would hold more is written at once, as upstream writes it
-DEFERRED_APPEND_ROWS = 8192
+# bytes of target features held for deferred appends at most (a prompt's context counts one row per token): a
+# prefill that would hold more is written at once, as upstream writes it. Why bytes: a row is every captured layer's
+# hidden state, ~40 KB for an 8B target in bf16 (a few prompts' worth here), 2 KB for the bundled pair
+DEFERRED_APPEND_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class DraftKV:
         self._pending: list[DeferredAppend] = []
         self._owners: dict[str, tuple[Any, Any, Any]] = {}  # rid -> (Req, its KV record, its request-pool row)
         self._rows = 0  # rows pending
+        self._bytes = 0  # their features' bytes
         self._width1_steps = 0  # width-1 steps pending
         self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
 
@@ -113,6 +115,7 @@ class DraftKV:
                                             positions.to(torch.int64, copy=True),
                                             tuple((r.rid, int(n)) for r, n in zip(reqs, counts))))
         self._rows += int(cache_loc.numel())
+        self._bytes += hidden.numel() * hidden.element_size()
         for r in reqs:  # the slots a request held when its first pending row was kept
             self._owners.setdefault(r.rid, (r, r.kv, r.kv.req_pool_idx))
 
@@ -126,9 +129,10 @@ class DraftKV:
                      reqs: Sequence[Any], extend_lens: Sequence[int]) -> bool:
         """Keep a prefill's prompt context ([n, D], [n], [n]: ``extend_lens[i]`` tokens of ``reqs[i]`` in turn) for
         the next flush -> False when it is not kept (deferring off, or it would hold more than
-        DEFERRED_APPEND_ROWS): the caller writes it at once."""
+        DEFERRED_APPEND_BYTES): the caller writes it at once."""
         n = int(cache_loc.numel())
-        if not self.defers or self._rows + n > DEFERRED_APPEND_ROWS or sum(extend_lens) != n:
+        size = hidden.numel() * hidden.element_size()
+        if not self.defers or self._bytes + size > DEFERRED_APPEND_BYTES or sum(extend_lens) != n:
             return False
         self._keep(hidden, cache_loc, positions, reqs, extend_lens)
         return True
@@ -152,6 +156,7 @@ class DraftKV:
             del self._owners[rid]
         n_left = sum(int(d.cache_loc.numel()) for d in left)
         self._pending, self._rows = kept, self._rows - n_left
+        self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in kept)
         if not kept:
             self._width1_steps = 0
         if self.keep_left:
@@ -160,15 +165,15 @@ class DraftKV:
             self.rows_dropped += n_left
 
     def end_width1_step(self) -> None:
-        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps or DEFERRED_APPEND_ROWS rows are pending."""
-        if self._width1_steps >= DEFERRED_APPEND_STEPS or self._rows >= DEFERRED_APPEND_ROWS:
+        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps or DEFERRED_APPEND_BYTES are pending."""
+        if self._width1_steps >= DEFERRED_APPEND_STEPS or self._bytes >= DEFERRED_APPEND_BYTES:
             self.flush()
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses)."""
         if not self._pending:
             return
-        steps, self._pending, self._rows, self._width1_steps = self._pending, [], 0, 0
+        steps, self._pending, self._rows, self._bytes, self._width1_steps = self._pending, [], 0, 0, 0
         self._owners.clear()
         self._write_rows(steps)
 

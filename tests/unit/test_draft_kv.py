@@ -97,7 +97,7 @@ def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> 
 
 
 def test_a_prompt_past_the_row_bound_or_with_deferring_off_is_left_to_the_caller(monkeypatch) -> None:
-    monkeypatch.setattr(draft_kv, "DEFERRED_APPEND_ROWS", 4)
+    monkeypatch.setattr(draft_kv, "DEFERRED_APPEND_BYTES", 4 * D * 4)  # four float32 rows
     d, _ = kv()
     a, b = Req("a", 0), Req("b", 1)
     assert d.defer_prompt(*rows([1, 2, 3]), [a], [3])

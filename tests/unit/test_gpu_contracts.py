@@ -44,7 +44,7 @@ CALLS = [
      ["candidates", "next_token_logits", "sampling_info", "draft_input", "prefix_lens", "bs", "target_predict"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._next_accept_bonus_buffers", ["bs"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc",
-     ["target_hidden", "cache_loc", "cache_loc_2d", "positions", "commit_lens"]),
+     ["target_hidden", "cache_loc", "cache_loc_2d", "positions", "commit_lens", "extend_lens"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._greedy_sample_from_vocab_parallel_head",
      ["hidden_states", "lm_head"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._make_next_draft_input_decode",
@@ -78,6 +78,13 @@ CALLS = [
 # attributes/source facts the plugin relies on: (module:object, substring of its source); None for the one set
 # checked by value (upstream's skip-custom-mask backends hold the two the GPU tree verifies on)
 SOURCES = [
+    # the prompt context: upstream's prefill writes it through the one call with extend_lens, which the worker's
+    # override keeps for the next draft (steps/draft_kv.py); a request's slots are its own until it finishes, is
+    # retracted or hands its KV record on
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.forward_batch_generation", "extend_lens=ctx_lens,"),
+    ("sglang.srt.managers.schedule_batch:Req.reset_for_retract", "self.is_retracted = True"),
+    ("sglang.srt.managers.schedule_batch:Req.detach_kv", "kv, self.kv = self.kv, ReqKvInfo()"),
+    ("sglang.srt.managers.schedule_batch:Req.finished", "return self.finished_reason is not None"),
     # the scheduler feeds accept counts to the worker after its copy-done sync (no sync of our own needed)
     ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
      "self.model_worker.on_verify_complete_cpu("),
