@@ -1,4 +1,4 @@
-"""The GPU kit's checks (issue 41 item 3), each a function of its work folder returning its result's detail.
+"""The GPU kit's checks, each a function of its work folder returning its result's detail.
 
 Servers are the product's own (`harness.server.ManagedServer`: `dflash-serve serve`), under the kit's test-only
 mode (gpu_kit_test_only.py); orchestrate.py runs each check in its own process with its own timeout.

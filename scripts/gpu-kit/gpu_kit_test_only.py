@@ -1,4 +1,4 @@
-"""The GPU kit's test-only mode: SGLang's CUDA path on a lent GPU that has no sgl-kernel and no FlashInfer.
+"""The GPU kit's test-only mode: SGLang's CUDA path on a GPU machine that has no sgl-kernel and no FlashInfer.
 
 Never a serving mode. It runs only where scripts/gpu-kit/run.sh put its start-up hook (`HOOK_FILE` in the device's
 site-packages) and set `names.GPU_KIT_TEST_ONLY=1`; the wheel does not ship this file, and the preflight refuses

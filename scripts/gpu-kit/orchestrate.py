@@ -1,4 +1,4 @@
-"""Run the GPU kit's checks ON the lent GPU (run.sh calls it): one JSON report and the logs under $OUT.
+"""Run the GPU kit's checks ON the GPU machine (run.sh calls it): one JSON report and the logs under $OUT.
 
     python3 scripts/gpu-kit/orchestrate.py --out DIR [--work DIR] [--budget S] [--only NAME,...] [--serial] [--dry-run]
 

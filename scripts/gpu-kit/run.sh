@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU kit's device step (issue 41), run ON a lent GPU from the repository root by the device tool's `run`:
+# The GPU kit's device step, run ON the GPU machine from the repository root:
 #   install the staged wheels (.gpukit/part*/, carried) into the device's python3, install dflash-serve from the
 #   tree, put the test-only mode's start-up hook in place, run orchestrate.py; report.json + logs under $OUT.
 # Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--no-jit] [--budget S] [orchestrate.py: --only A,B --serial]

@@ -1,4 +1,4 @@
-"""Stage the GPU kit's wheels HERE (PyPI reachable), sized for the device tool's 64 MiB a call.
+"""Stage the GPU kit's wheels HERE (PyPI reachable), in parts small enough to copy one at a time.
 
     python3 scripts/gpu-kit/stage.py            # download manifest.txt's wheels, slim sglang's, split into parts
     python3 scripts/gpu-kit/stage.py --plan     # only measure the staged parts against what a call leaves now
@@ -25,7 +25,7 @@ KIT = Path(__file__).resolve().parent
 REPO = KIT.parents[1]
 STAGE = REPO / ".gpukit"
 MANIFEST = KIT / "manifest.txt"
-CALL_LIMIT = 64 * 2**20  # the device tool's working tree a call, carried paths included
+CALL_LIMIT = 64 * 2**20  # a part and the working tree together, at most
 MARGIN = 2**20  # files the session adds between staging and the call (a report, a note)
 PYTHON_VERSION = "3.12"  # the device image's python3 (device-image.txt)
 PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
@@ -75,7 +75,7 @@ def repo_share(repo: Path = REPO) -> int:
     listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             check=True, capture_output=True).stdout.split(b"\0")
     paths = {repo / os.fsdecode(p) for p in listed if p}
-    if (repo / "shared").is_dir():  # the device tool sends a checkout's shared/ whatever git says of it
+    if (repo / "shared").is_dir():  # a copy of the checkout carries shared/ whatever git says of it
         paths |= {p for p in (repo / "shared").rglob("*")}
     return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink())
 
