@@ -13,8 +13,9 @@ NEVER_FLOOR of ``cur``'s goodput, and the width was not measured at a bucket wit
 qualifying candidate not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions is
 picked. Never a width that could not win if its step cost no more than ``cur``'s: a wider width (a step costs
 at least what a narrower one does, cost_model.py keeps the table monotone) whose expected tokens (``tokens``) are
-within ``hysteresis`` of ``cur``'s would not be switched to whatever its cell measured. ``explorations`` counts the
-picks.
+within ``hysteresis`` of ``cur``'s would not be switched to whatever its cell measured -- except a tree no tree step
+has measured (``fresh_trees``: its tokens are chain B's by the prior) while chain B's tokens beat the narrowest
+width's: its other branches may add what no estimate knows yet. ``explorations`` counts the picks.
 Invariants: depends only on the broadcast cost table and the decision count (identical on every TP rank).
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Exploration:
         # [cur, k]: candidate k verifies more tokens per request than cur (a tree's width counts its nodes)
         widths = np.asarray(cands.array)
         self._wider = widths[None, :] > widths[:, None]
+        self._widest_chain, self._narrowest = cands.widest_chain, int(widths.argmin())
 
     def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """(under-measured or stale cells, never-measured cells to try whatever the margin) of the bucket."""
@@ -69,9 +71,10 @@ class Exploration:
         return cached
 
     def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int,
-             tokens: np.ndarray | None = None) -> int:
+             tokens: np.ndarray | None = None, fresh_trees: np.ndarray | None = None) -> int:
         """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract); ``tokens``:
-        the batch's expected tokens per step at each candidate (None: no width is ruled out by them)."""
+        the batch's expected tokens per step at each candidate (None: no width is ruled out by them);
+        ``fresh_trees``: the tree candidates whose gain over chain B no tree step has measured yet."""
         under, never = self._unmeasured(bs, bucket)
         if not under.any():
             return cur
@@ -83,7 +86,11 @@ class Exploration:
             ok = (under & near) | (never & (good >= good[cur] * NEVER_FLOOR))
             ok[cur] = False
             if tokens is not None:  # why: a drafter that guesses nothing makes every wider width a lost dwell period
-                ok &= ~(self._wider & (tokens <= tokens[cur] * (1.0 + self.cfg.hysteresis)))[cur]
+                lift = 1.0 + self.cfg.hysteresis
+                hopeless = self._wider[cur] & (tokens <= tokens[cur] * lift)
+                if fresh_trees is not None and tokens[self._widest_chain] > tokens[self._narrowest] * lift:
+                    hopeless &= ~fresh_trees  # its tokens are chain B's by the prior: only a tree step measures them
+                ok &= ~hopeless
             self._ok_for, self._ok = (good, cur, bucket, version), ok
         if not ok.any():
             return cur

@@ -135,7 +135,8 @@ class BlockSizeController:
             return Decision(self.rule.idle_block(), False, 0.0, 0.0, False, version)
         step = self.steps_decided
         good, tokens, E = self.estimator.reused(request_ids, sampled, self.rule.cur, step)
-        choice = self.rule.choose(bs, good, trees, step, self.exploration, tokens)
+        fresh = self.requests.unmeasured_trees(sampled, bs) if trees else None
+        choice = self.rule.choose(bs, good, trees, step, self.exploration, tokens, fresh)
         k = choice.k
         b = int(self._cands.array[k])
         draft_full = b >= self.max_block or (b > 1 and not self.prefix_drafts)

@@ -233,6 +233,16 @@ class RequestState:
         """[PRIOR_CLASSES, tree widths] the trees' learned tokens per request-step past chain B."""
         return np.stack([g.extra() for g in self.tree_gain])
 
+    def unmeasured_trees(self, sampled: Sequence[bool] | None, n: int) -> np.ndarray:
+        """[candidates] bool: a tree width no tree step has measured for one of the batch's prior classes (its
+        estimated tokens are chain B's by the prior, not by evidence)."""
+        out = np.zeros(len(self.cands.widths), dtype=bool)
+        if self.cands.tree_rows.size:
+            classes = prior_classes(sampled, n)
+            present = [0] if classes is None else sorted(set(classes.tolist()))
+            out[self.cands.tree_rows] = np.any([self.tree_gain[c].steps == 0 for c in present], axis=0)
+        return out
+
     def calibration_ratios(self) -> np.ndarray:
         """[PRIOR_CLASSES, calibrated widths] observed / predicted accepted drafts."""
         return np.stack([c.ratio() for c in self.calibration])

@@ -4,7 +4,7 @@ Why: the best width shrinks as load grows (verify turns compute-bound) and depen
 ``adaptive`` follows the predicted goodput; ``fixed`` and ``schedule`` exist for operators who want control,
 ``cycle`` to exercise every width switch in tests.
 
-Contract: ``choose(bs, good, trees, step, exploration, tokens)`` -> Choice, per mode:
+Contract: ``choose(bs, good, trees, step, exploration, tokens, fresh_trees)`` -> Choice, per mode:
   * ``fixed``: ``fixed_block``; ``schedule``: the entry with the largest batch-size key <= bs (below the smallest
     key, the smallest key's); ``cycle``: ``cycle_pattern`` (or the candidates) in order, one per decision.
   * ``adaptive``: the argmax of ``good`` (estimate.py), but switching away from the current width c only if the
@@ -66,7 +66,7 @@ class WidthRule:
         return int(self.cands.array[self.cur] if self.cur is not None else self.cands.array[0])
 
     def choose(self, bs: int, good: np.ndarray, trees: bool, step: int, exploration: Exploration,
-               tokens: np.ndarray | None = None) -> Choice:
+               tokens: np.ndarray | None = None, fresh_trees: np.ndarray | None = None) -> Choice:
         """This decision's width for a batch of ``bs`` requests with predicted goodput ``good`` per candidate;
         ``step``: decisions so far."""
         cfg, cands = self.cfg, self.cands
@@ -90,7 +90,7 @@ class WidthRule:
             else:
                 k = cur
                 if may_switch and cfg.explore_margin > 0.0:
-                    k = exploration.pick(bs, bucket, good, cur, step, tokens)
+                    k = exploration.pick(bs, bucket, good, cur, step, tokens, fresh_trees)
                     explored = k != cur
             self._last_bucket = bucket
         if not trees and cands.array[k] > cands.max_block:

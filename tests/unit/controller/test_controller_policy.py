@@ -627,6 +627,30 @@ def test_a_tree_that_misses_the_chains_deep_end_learns_a_loss_and_is_dropped() -
     assert ctrl.decide(ids).block_size == 16
 
 
+def test_an_unmeasured_tree_is_explored_where_the_chain_is_accepted_and_not_where_nothing_is() -> None:
+    """Before any tree step a tree's expected tokens are chain 16's by the prior, not by evidence: where chain 16
+    commits well, exploration tries the tree (only a tree step measures what its other branches add); where drafts
+    are never accepted, neither the tree nor any wider chain is tried from width 1."""
+    for accepted, tried in ((6, True), (0, False)):
+        row = [0.01, 0.0101, 0.0102]
+        cost = CostModel(BUCKETS, (1, 16, 32), np.array([row] * len(BUCKETS)), seed_measured=True)
+        cfg = ControllerConfig(candidates=(1, 16, 32), min_dwell_steps=1, probe_interval=0, cost_sync_interval=1)
+        ctrl = BlockSizeController(cfg, cost, max_block=16)
+        for _ in range(30):
+            feed(ctrl, ["a"], np.array([accepted]), 16)
+        widths = []
+        for _ in range(60):
+            d = ctrl.decide(["a"])
+            widths.append(d.block_size)
+            feed(ctrl, ["a"], np.array([min(accepted, d.block_size - 1)]), min(d.block_size, 16),
+                 full_draft=d.draft_full)
+            ctrl.observe_step_time(1, d.block_size, row[(1, 16, 32).index(d.block_size)], probe=d.probe)
+            if ctrl.cost_sync_due:
+                ctrl.sync_cost_table()
+        assert (32 in widths) == tried, (accepted, widths)
+        assert (16 in widths) == tried, (accepted, widths)
+
+
 def test_a_trees_gain_is_learned_per_prior_class_greedy_code_does_not_lend_it_to_sampled_requests() -> None:
     """Tree steps of greedy requests that commit 3 tokens past chain 16 make the tree the greedy requests' choice;
     sampled requests, whose chain acceptance is as high, keep chain 16: no tree step of theirs has measured a gain
