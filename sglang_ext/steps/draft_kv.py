@@ -8,11 +8,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-# width-1 steps whose draft-KV appends are batched into one pass: bounds the features held (bs x D per step)
-DEFERRED_APPEND_STEPS = 16
 # bytes of target features held for deferred appends at most (a prompt's context counts one row per token): a
-# prefill that would hold more is written at once, as upstream writes it. Why bytes: a row is every captured layer's
-# hidden state, ~40 KB for an 8B target in bf16 (a few prompts' worth here), 2 KB for the bundled pair
+# prefill that would hold more is written at once, as upstream writes it, and width-1 steps flush once this much is
+# held. Why bytes, not steps: a row is every captured layer's hidden state, ~40 KB for an 8B target in bf16 (a few
+# prompts' worth here), 2 KB for the bundled pair; and a step bound wrote every request's rows every few steps
+# whether or not it would draft again, which a request at width 1 to its end (or leaving without a prefix cache)
+# never needs
 DEFERRED_APPEND_BYTES = 64 << 20
 
 
@@ -62,7 +63,7 @@ class DraftKV:
 
     Deferred appends (width-1 steps, ``defer``; a prefill's prompt context, ``defer_prompt``) are written in one
     pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
-    none -- and after DEFERRED_APPEND_STEPS width-1 steps. Before any forward (``before_forward``), the rows of a
+    none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), the rows of a
     request that has left (finished, aborted, retracted: its slots may be handed on, and one pass never writes a
     slot twice) are written at once when its slots may live on in the prefix cache (``keep_left``), else dropped:
     nobody reads them. So a request that never drafts pays no prompt context at its prefill, and none at all
@@ -78,7 +79,6 @@ class DraftKV:
         self._owners: dict[str, tuple[Any, Any, Any]] = {}  # rid -> (Req, its KV record, its request-pool row)
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
-        self._width1_steps = 0  # width-1 steps pending
         self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
 
     @property
@@ -123,7 +123,6 @@ class DraftKV:
               reqs: Sequence[Any]) -> None:
         """Keep a width-1 step's append ([bs, D], [bs], [bs]; ``reqs`` its batch's requests) for the next flush."""
         self._keep(hidden, cache_loc, positions, reqs, [1] * len(reqs))
-        self._width1_steps += 1
 
     def defer_prompt(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
                      reqs: Sequence[Any], extend_lens: Sequence[int]) -> bool:
@@ -157,23 +156,21 @@ class DraftKV:
         n_left = sum(int(d.cache_loc.numel()) for d in left)
         self._pending, self._rows = kept, self._rows - n_left
         self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in kept)
-        if not kept:
-            self._width1_steps = 0
         if self.keep_left:
             self._write_rows(left)
         else:
             self.rows_dropped += n_left
 
     def end_width1_step(self) -> None:
-        """After a width-1 step: flush once DEFERRED_APPEND_STEPS steps or DEFERRED_APPEND_BYTES are pending."""
-        if self._width1_steps >= DEFERRED_APPEND_STEPS or self._bytes >= DEFERRED_APPEND_BYTES:
+        """After a width-1 step: flush once DEFERRED_APPEND_BYTES are pending."""
+        if self._bytes >= DEFERRED_APPEND_BYTES:
             self.flush()
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses)."""
         if not self._pending:
             return
-        steps, self._pending, self._rows, self._bytes, self._width1_steps = self._pending, [], 0, 0, 0
+        steps, self._pending, self._rows, self._bytes = self._pending, [], 0, 0
         self._owners.clear()
         self._write_rows(steps)
 

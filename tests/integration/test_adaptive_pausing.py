@@ -12,9 +12,9 @@ from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_
 
 pytestmark = pytest.mark.server
 
-# drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: the 20-step pause is longer than
-# DEFERRED_APPEND_STEPS (sglang_ext/steps/draft_kv.py), so deferred appends are flushed both mid-pause and when
-# drafting resumes
+# drafting pauses (width 1, no draft) for 1, 4 and 20 steps, then resumes at 16: every pause's deferred appends
+# (and the prompt contexts of requests that start in one) are flushed when drafting resumes, or written when a
+# request finishes mid-pause (the prefix cache may hand its KV on); the byte bound is tests/unit/test_draft_kv.py's
 PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
 
 

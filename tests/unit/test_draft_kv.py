@@ -106,10 +106,16 @@ def test_a_prompt_past_the_row_bound_or_with_deferring_off_is_left_to_the_caller
     assert not off.defer_prompt(*rows([1]), [a], [1])
 
 
-def test_width1_steps_are_flushed_after_the_step_bound() -> None:
+def test_width1_rows_wait_for_a_draft_however_many_steps_until_the_byte_bound(monkeypatch) -> None:
+    """A request at width 1 for many steps pays no append until something drafts (or it leaves); only the byte
+    bound flushes a long stretch, in one pass."""
+    monkeypatch.setattr(draft_kv, "DEFERRED_APPEND_BYTES", 40 * D * 4)  # forty float32 rows
     d, rec = kv()
     a = Req("a", 0)
-    for i in range(draft_kv.DEFERRED_APPEND_STEPS):
+    for i in range(39):
         d.defer(*rows([100 + i], i), [a])
         d.end_width1_step()
-    assert len(rec.passes) == 1 and len(rec.passes[0]) == draft_kv.DEFERRED_APPEND_STEPS and d.pending_rows == 0
+    assert rec.passes == [] and d.pending_rows == 39
+    d.defer(*rows([139], 39), [a])
+    d.end_width1_step()
+    assert len(rec.passes) == 1 and sorted(rec.passes[0]) == list(range(100, 140)) and d.pending_rows == 0
