@@ -54,11 +54,10 @@ from sglang_ext import names  # noqa: E402
 # (phase, frame-name markers): a sample goes to the first phase with a marker on its stack, so nested phases
 # (the target forward inside the worker's verify, the sampler inside the forward) come before their callers
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tree build/walk", ("tree/build.py", "tree/mask.py", "tree/walk.py", "tree/commit.py", "marginals",
-                         "tree_choice")),
+    ("tree build/walk", ("tree/build.py", "tree/mask.py", "tree/walk.py", "tree/commit.py", "marginals")),
     ("draft forward", ("draft_forward", "DFlashWorkerV2._run_draft", "DFlashWorkerV2._draft")),
     ("draft-KV append", ("_append_target_hidden_to_draft_kv", "DraftKV.flush")),
-    ("accept/sample", ("_accept_block", "Sampler.forward", "accept_width1")),
+    ("accept/sample", ("_accept_block", "Sampler.forward", "accept_width1", "target_choices")),
     ("verify/decode forward", ("TpModelWorker.forward_batch_generation",)),
     ("window/prepare", ("block_window", "prepare_for_verify", "prepare_for_decode", "_prepare_dflash_draft_block",
                         "width1_window", "wide_window")),

@@ -1,4 +1,5 @@
-"""The accept of a chain step: upstream's at the candidates' width, or plain decoding's token at width 1."""
+"""The accept of a chain step: upstream's at the candidates' width, or plain decoding's token at width 1; and the
+target's own token at every verified row, which a tree's walk and a ragged step's accept follow."""
 from __future__ import annotations
 
 import sglang.srt.speculative.dflash_utils as dflash_utils
@@ -52,3 +53,32 @@ def accept_width1(ctx: StepContext, cand: torch.Tensor, logits: torch.Tensor | N
     ctx.worker._tp_sync.sync(site, bonus)
     accept_len = torch.zeros(bs, dtype=torch.int32, device=bonus.device)
     return accept_len, accept_len + 1, bonus, bonus.view(bs, 1), None
+
+
+def target_choices(ctx: StepContext, logits: torch.Tensor | None, target_predict: torch.Tensor | None,
+                   cand: torch.Tensor) -> torch.Tensor:
+    """The target's token after every verified row ([bs, n], ``cand`` [bs, n] the verified tokens, ``logits``
+    [bs * n, V]): its argmax, or one sample of the distribution plain decoding samples there (logit_bias,
+    temperature, top-k/top-p/min_p: the chain accept's own functions). A caller that accepts while the next
+    candidate equals the choice at its row, and commits the choice at the first row where it does not, commits the
+    target's samples one after another: for a deterministic draft that is rejection sampling's distribution (accept
+    d with probability q(d), else a sample of q without d), at any temperature. No penalizer may be active (the
+    rows' penalties are not replayed: ``tree.tree_serves``)."""
+    bs, sampling_info, draft_input = ctx.bs, ctx.batch.sampling_info, ctx.draft_input
+    n = int(cand.shape[1])
+    if target_predict is not None:
+        choice, site = target_predict, upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+    else:
+        if sampling_info is not None:  # logit_bias
+            verify_rows.apply_accept_adjustments(logits.view(bs, n, -1), cand, sampling_info, None)
+        if upstream._is_all_greedy(sampling_info):
+            choice, site = torch.argmax(logits, dim=-1), upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+        else:
+            probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=n, bs=bs,
+                max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+            choice = sampling_from_probs_torch(probs.reshape(bs * n, -1))
+            site = upstream.SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+    choice = choice.view(bs, n).to(torch.int64)
+    ctx.worker._tp_sync.sync(site, choice)
+    return choice

@@ -1,8 +1,10 @@
 """A ragged step (per-request widths, CPU): request i drafts and verifies the first ``decision.widths[i]``
 positions of its window -- what a width-widths[i] step would run for it -- in one draft and one verify forward of
-sum(widths) rows (cpu/attention.py RaggedBlock). The accept runs on the padded [bs, W] layout (W the widest): a
-padded candidate is -1, which no argmax equals, so request i accepts at most widths[i] - 1 drafts and its bonus is
-the target's token at a row it verified."""
+sum(widths) rows (cpu/attention.py RaggedBlock). The accept runs on the padded [bs, W] layout (W the widest): the
+target's token at every verified row (its argmax, or a sample of plain decoding's distribution there:
+accept.target_choices), and a padded candidate is -1, which no token equals, so request i accepts at most
+widths[i] - 1 drafts and its bonus is the target's token at a row it verified -- at any temperature the committed
+tokens are the target's own, one after another."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -12,7 +14,7 @@ import torch
 
 from sglang_ext.controller_loop import LaunchedStep
 from sglang_ext.cpu.attention import RaggedBlock
-from sglang_ext.steps.accept import accept_chain
+from sglang_ext.steps.accept import accept_chain, target_choices
 from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.draft import draft_forward
 from sglang_ext.steps.tree import tree_serves
@@ -25,10 +27,9 @@ if TYPE_CHECKING:
 
 def ragged_serves(worker: Any, batch: Any) -> bool:
     """Whether this batch's step may verify a width per request: on CPU (the torch attention reads the ragged
-    layout; GPU verify graphs are per width), and a greedy batch with nothing applied to the verify logits
-    (upstream's own test for skipping them, and ours for penalties) -- its accept is then an argmax per row."""
-    return (worker._prefix_drafts and not upstream.is_cuda() and tree_serves(batch)
-            and worker._can_skip_verify_logits(batch, batch.sampling_info))
+    layout; GPU verify graphs are per width), greedy or sampled, with nothing in it that depends on one chain per
+    request (a tree's rule, ``tree_serves``: grammars, logprobs, penalties, custom logit processors)."""
+    return worker._prefix_drafts and not upstream.is_cuda() and tree_serves(batch)
 
 
 def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
@@ -45,9 +46,10 @@ def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
     positions = window.positions[:, :W].reshape(-1).index_select(0, ragged.rows)
     target_out, target_predict = verify_forward(ctx, window, cand, positions, ragged=ragged, cols=cols)
     logits_output = target_out.logits_output
-    if target_predict is None:
-        target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
-    predict = ragged.pad(target_predict.view(-1).to(torch.int64)).view(bs, W)
+    if target_predict is not None:  # greedy, nothing applied to the logits: upstream's argmax of the packed rows
+        target_predict = ragged.pad(target_predict.view(-1).to(torch.int64))
+    logits = None if target_predict is not None else ragged.pad(logits_output.next_token_logits)
+    predict = target_choices(ctx, logits, target_predict, cand)  # [bs, W]; padded rows are never committed
     accept_len, commit_lens, bonus, out_tokens, new_seq_lens = accept_chain(ctx, cand, None, predict,
                                                                             window.prefix_lens)
     out_tokens.clamp_(min=0)  # past each commit length: a padded candidate's -1, read by nothing
@@ -57,7 +59,7 @@ def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
     w.draft_kv.append(ragged.pad(hidden).view(bs, W, -1), cache_loc.view(bs, W), window.positions[:, :W],
                       commit_lens)
     logits_output.hidden_states = None
-    logits_output.next_token_logits = None  # the packed rows' logits: nothing downstream reads them (greedy)
+    logits_output.next_token_logits = None  # the packed rows' logits: nothing downstream reads them
     committed = out_tokens.view(bs, W).to("cpu", non_blocking=True)
     w.loop.launched(LaunchedStep(ctx.rids, ctx.decision, None, committed))
     return step_result(ctx, target_out, out_tokens, commit_lens, bonus, new_seq_lens, W)

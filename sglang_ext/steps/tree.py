@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import sglang.srt.speculative.dflash_utils as dflash_utils
-import sglang.srt.speculative.dflash_worker_v2 as upstream
 import torch
-from sglang.srt.layers.sampler import sampling_from_probs_torch
 
 from sglang_ext import verify_rows
 from sglang_ext.controller_loop import LaunchedStep
 from sglang_ext.patches.verify_sampling import ORCHESTRATOR
+from sglang_ext.steps.accept import target_choices
 from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.draft import draft_forward
 from sglang_ext.steps.verify import published, step_result, target_hidden, verify_forward
@@ -64,7 +62,7 @@ def decode_tree(ctx: StepContext) -> GenerationBatchResult:
     target_out, target_predict = verify_forward(ctx, window, cand, positions,
                                                 tree_mask=packed(mask, window.prefix_lens, prefix_sum))
     logits_output = target_out.logits_output
-    choice = tree_choice(ctx, logits_output.next_token_logits, target_predict, cand)
+    choice = target_choices(ctx, logits_output.next_token_logits, target_predict, cand)
     accepted, path, bonus = walk(trees, choice, depth=B - 1, mask=mask)
     order = window_order(path, n)
     commit_lens = (accepted + 1).to(torch.int32)
@@ -89,26 +87,3 @@ def decode_tree(ctx: StepContext) -> GenerationBatchResult:
     w.loop.launched(LaunchedStep(ctx.rids, ctx.decision, drafted, out_tokens.to("cpu", non_blocking=True),
                                  tree_path=path.to("cpu", non_blocking=True)))
     return result
-
-
-def tree_choice(ctx: StepContext, logits: torch.Tensor | None, target_predict: torch.Tensor | None,
-                cand: torch.Tensor) -> torch.Tensor:
-    """The target's token after every node ([bs, n]): its argmax, or one sample of the distribution plain
-    decoding samples there (logit_bias, temperature, top-k/top-p/min_p: the chain accept's own functions)."""
-    bs, sampling_info, draft_input = ctx.bs, ctx.batch.sampling_info, ctx.draft_input
-    n = int(cand.shape[1])
-    if target_predict is not None:
-        choice, site = target_predict, upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
-    else:
-        if sampling_info is not None:  # logit_bias (no penalizer is active: tree_serves)
-            verify_rows.apply_accept_adjustments(logits.view(bs, n, -1), cand, sampling_info, None)
-        if upstream._is_all_greedy(sampling_info):
-            choice, site = torch.argmax(logits, dim=-1), upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
-        else:
-            probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
-                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=n, bs=bs,
-                max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
-            choice, site = sampling_from_probs_torch(probs), upstream.SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
-    choice = choice.view(bs, n).to(torch.int64)
-    ctx.worker._tp_sync.sync(site, choice)
-    return choice

@@ -1,5 +1,6 @@
 """Per-request verify widths (speculative.adaptive.per_request_widths): a ragged step -- each request drafting and
-verifying its own width in one draft and one verify forward -- commits exactly what plain decoding would.
+verifying its own width in one draft and one verify forward -- commits exactly what plain decoding would, greedy,
+and samples from the target's distribution at temperature 1, with top-k/top-p and with min_p.
 
 The cycle server gives request i of every step the pattern's entry i steps ahead, so one batch mixes widths 1, 2,
 4, 8 and 16 (speculation off next to the full block) and each request's width changes every step.
@@ -13,6 +14,7 @@ import pytest
 
 from tests.integration.test_adaptive import adaptive_config, scrape
 from tests.integration.test_lossless import MAX_NEW, plain_greedy, prompt_ids  # noqa: F401  (shared fixtures)
+from tests.integration.test_sampling_distribution import CONFIGS, assert_same_distribution, sample
 
 pytestmark = pytest.mark.server
 PATTERN = [16, 1, 4, 16, 8, 2, 1]
@@ -42,11 +44,23 @@ def test_ragged_steps_commit_what_plain_decoding_commits(ragged_cycle_server, pl
     assert max(r["meta_info"]["spec_accept_length"] for r in batched) > 1.5
 
 
-def test_a_sampled_batch_verifies_one_width(ragged_cycle_server, prompt_ids):
-    """Ragged steps are greedy only (their accept is an argmax per row): a batch at temperature 1 runs batch-wide
+@pytest.mark.parametrize("config", ["temperature", "top_k_top_p", "min_p"])
+def test_sampled_ragged_steps_keep_the_target_distribution(config, ragged_cycle_server, plain_server):
+    """A sampled batch runs ragged steps too (every step mixes widths 1 to 16) and its outputs have the target's
+    distribution: the joint of the first three tokens against plain decoding's, with the statistic, sample size and
+    significance of test_sampling_distribution.py (whose power is computed against a bonus drawn from the wrong row
+    and a resample that keeps the rejected token)."""
+    before = _ragged_steps(ragged_cycle_server)
+    spec = sample(ragged_cycle_server, CONFIGS[config])
+    assert _ragged_steps(ragged_cycle_server) - before >= 2  # the 800 requests' three tokens: ragged steps
+    assert_same_distribution(f"ragged, {config}", sample(plain_server, CONFIGS[config]), spec)
+
+
+def test_a_batch_with_penalties_verifies_one_width(ragged_cycle_server, prompt_ids):
+    """Penalties are replayed along one chain per request (verify_rows.py): a batch with them runs batch-wide
     steps, never a ragged one."""
     before = _ragged_steps(ragged_cycle_server)
-    out = ragged_cycle_server.generate(prompt_ids, max_new_tokens=16, temperature=1.0)
+    out = ragged_cycle_server.generate(prompt_ids, max_new_tokens=16, temperature=1.0, repetition_penalty=1.3)
     assert all(len(r["output_ids"]) == 16 for r in out)
     assert _ragged_steps(ragged_cycle_server) == before
 
