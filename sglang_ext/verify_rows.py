@@ -18,9 +18,10 @@ Contract:
     per round (masked rows skip the round), exactly as plain decoding's one-token-per-step cumulation would;
   * ``target_probs_torch(...)``: the distribution SGLang's pytorch sampler (the CPU backend) samples from --
     temperature, then top-k and top-p cut on the *unrenormalised* sorted probabilities, then min_p against the
-    largest probability -- for every verify row; ``apply_min_p(probs, min_ps)`` for renormalised backends.
-Invariants: no host sync, no Python loop over requests (loops are over the block's b <= 16 positions); the same
-code runs on CPU and GPU.
+    largest probability -- for every verify row (``sampler_probs``: with each row's request's parameters, greedy
+    and uncut rows without the sort on CPU); ``apply_min_p(probs, min_ps)`` for renormalised backends.
+Invariants: no host sync off the CPU (``sampler_probs`` reads its rows' kinds on the host on CPU only), no Python
+loop over requests (loops are over the block's b <= 16 positions); the same code runs on CPU and GPU.
 """
 from __future__ import annotations
 
@@ -155,6 +156,45 @@ def target_probs_torch(scaled_logits: torch.Tensor, top_ks: torch.Tensor, top_ps
         probs_sort[probs_sort < (probs_sort[:, 0] * min_ps).view(-1, 1)] = 0.0
     probs_sort = probs_sort / probs_sort.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)
+
+
+def sampler_probs(logits: torch.Tensor, sampling_info, rep) -> torch.Tensor:
+    """[rows, V] logits -> the pytorch sampler's distribution at each row (``target_probs_torch``), each row with its
+    request's temperature, top-k, top-p and min_p: ``rep`` maps a per-request tensor of the batch to one per row.
+
+    On CPU each kind of row is computed at its own cost: a greedy request's row (top-k 1: the sampler's
+    distribution is its top token) is that token's one-hot, a row with no top-k, top-p or min_p the softmax, and
+    only the rows that set a cut go through the sorted probabilities. Why: a batch mixing greedy and sampled
+    requests sets the sampler's top-k flag, and cutting every row sorts the whole vocabulary of every verify row
+    (on CPU more than a step's verify forward). One host sync, for the row kinds; elsewhere the batch's flags
+    decide for every row (no sync)."""
+    need_min_p = bool(getattr(sampling_info, "need_min_p_sampling", False))
+    temps, top_ks, top_ps = rep(sampling_info.temperatures), rep(sampling_info.top_ks), rep(sampling_info.top_ps)
+    min_ps = rep(sampling_info.min_ps) if need_min_p else None
+    simple = not (need_min_p or getattr(sampling_info, "need_top_p_sampling", True)
+                  or getattr(sampling_info, "need_top_k_sampling", True))
+    if simple or logits.device.type != "cpu":
+        return target_probs_torch(logits / temps, top_ks, top_ps, min_ps, simple=simple,
+                                  max_top_k=getattr(sampling_info, "max_top_k", None))
+    vocab = logits.shape[-1]
+    greedy = top_ks == 1
+    cut = (~greedy) & ((top_ks < vocab) | (top_ps < 1.0) | ((min_ps > 0.0) if min_ps is not None else False))
+    probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    probs.scatter_(1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)  # every row; sampled rows overwritten
+    temps = temps.view(-1, 1)
+    for rows, cuts in (((~greedy & ~cut).nonzero().view(-1), False), (cut.nonzero().view(-1), True)):
+        if rows.numel() == 0:
+            continue
+        scaled = logits.index_select(0, rows) / temps.index_select(0, rows)
+        if cuts:
+            ks = top_ks.index_select(0, rows)
+            part = target_probs_torch(scaled, ks, top_ps.index_select(0, rows),
+                                      None if min_ps is None else min_ps.index_select(0, rows),
+                                      max_top_k=int(ks.max()) if bool((ks < vocab).all()) else None)
+        else:
+            part = torch.softmax(scaled.float(), dim=-1)
+        probs.index_copy_(0, rows, part)
+    return probs
 
 
 def apply_min_p(probs: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:

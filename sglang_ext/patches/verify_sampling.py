@@ -116,13 +116,8 @@ def _patch_dflash_utils(du: ModuleType) -> None:
 
             need_min_p = bool(getattr(sampling_info, "need_min_p_sampling", False))
             if get_exec().kernel.sampling_backend == "pytorch":
-                rep = lambda t: t.repeat_interleave(draft_token_num, dim=0)  # noqa: E731
-                probs = verify_rows.target_probs_torch(
-                    next_token_logits / rep(sampling_info.temperatures), rep(sampling_info.top_ks),
-                    rep(sampling_info.top_ps), rep(sampling_info.min_ps) if need_min_p else None,
-                    simple=not (need_min_p or getattr(sampling_info, "need_top_p_sampling", True)
-                                or getattr(sampling_info, "need_top_k_sampling", True)),
-                    max_top_k=getattr(sampling_info, "max_top_k", None))
+                probs = verify_rows.sampler_probs(next_token_logits, sampling_info,
+                                                  lambda t: t.repeat_interleave(draft_token_num, dim=0))
                 return probs.view(bs, draft_token_num, -1).contiguous()
             probs = original(next_token_logits=next_token_logits, sampling_info=sampling_info,
                              draft_token_num=draft_token_num, bs=bs, **kwargs)

@@ -56,29 +56,35 @@ def accept_width1(ctx: StepContext, cand: torch.Tensor, logits: torch.Tensor | N
 
 
 def target_choices(ctx: StepContext, logits: torch.Tensor | None, target_predict: torch.Tensor | None,
-                   cand: torch.Tensor) -> torch.Tensor:
-    """The target's token after every verified row ([bs, n], ``cand`` [bs, n] the verified tokens, ``logits``
-    [bs * n, V]): its argmax, or one sample of the distribution plain decoding samples there (logit_bias,
-    temperature, top-k/top-p/min_p: the chain accept's own functions). A caller that accepts while the next
-    candidate equals the choice at its row, and commits the choice at the first row where it does not, commits the
-    target's samples one after another: for a deterministic draft that is rejection sampling's distribution (accept
-    d with probability q(d), else a sample of q without d), at any temperature. No penalizer may be active (the
-    rows' penalties are not replayed: ``tree.tree_serves``)."""
+                   n: int, rows_of: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's token after every verified row: its argmax, or one sample of the distribution plain decoding
+    samples there (logit_bias, temperature, top-k/top-p/min_p: the chain accept's own functions). ``logits``
+    [bs * n, V] -> [bs, n]; or a ragged step's packed rows ([R, V], ``rows_of`` [R] the request of each, CPU's
+    pytorch sampler) -> [R]. A caller that accepts while the next candidate equals the choice at its row, and commits
+    the choice at the first row where it does not, commits the target's samples one after another: for a
+    deterministic draft that is rejection sampling's distribution (accept d with probability q(d), else a sample of
+    q without d), at any temperature. No penalizer may be active (the rows' penalties are not replayed:
+    ``tree.tree_serves``)."""
     bs, sampling_info, draft_input = ctx.bs, ctx.batch.sampling_info, ctx.draft_input
-    n = int(cand.shape[1])
     if target_predict is not None:
         choice, site = target_predict, upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
     else:
-        if sampling_info is not None:  # logit_bias
-            verify_rows.apply_accept_adjustments(logits.view(bs, n, -1), cand, sampling_info, None)
+        rep = ((lambda t: t.repeat_interleave(n, dim=0)) if rows_of is None
+               else (lambda t: t.index_select(0, rows_of)))
+        if sampling_info is not None and sampling_info.logit_bias is not None:
+            logits.add_(rep(sampling_info.logit_bias).to(logits.dtype))
         if upstream._is_all_greedy(sampling_info):
             choice, site = torch.argmax(logits, dim=-1), upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
         else:
-            probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
-                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=n, bs=bs,
-                max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
-            choice = sampling_from_probs_torch(probs.reshape(bs * n, -1))
+            if rows_of is None:
+                probs = dflash_utils.build_speculative_verify_target_probs(  # patched: the sampler's cuts
+                    next_token_logits=logits, sampling_info=sampling_info, draft_token_num=n, bs=bs,
+                    max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+            else:  # only the rows verified: a full-width padded layout would cut and sample every padded row too
+                probs = verify_rows.sampler_probs(logits, sampling_info, rep)
+            choice = sampling_from_probs_torch(probs.reshape(logits.shape[0], -1))
             site = upstream.SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
-    choice = choice.view(bs, n).to(torch.int64)
+    choice = choice.to(torch.int64)
+    choice = choice.view(bs, n) if rows_of is None else choice.view(-1)
     ctx.worker._tp_sync.sync(site, choice)
     return choice

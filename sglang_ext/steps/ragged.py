@@ -46,10 +46,10 @@ def decode_ragged(ctx: StepContext) -> GenerationBatchResult:
     positions = window.positions[:, :W].reshape(-1).index_select(0, ragged.rows)
     target_out, target_predict = verify_forward(ctx, window, cand, positions, ragged=ragged, cols=cols)
     logits_output = target_out.logits_output
-    if target_predict is not None:  # greedy, nothing applied to the logits: upstream's argmax of the packed rows
-        target_predict = ragged.pad(target_predict.view(-1).to(torch.int64))
-    logits = None if target_predict is not None else ragged.pad(logits_output.next_token_logits)
-    predict = target_choices(ctx, logits, target_predict, cand)  # [bs, W]; padded rows are never committed
+    # the target's token at every packed row (greedy with nothing applied: upstream's argmax of them), padded to
+    # [bs, W]: a padded row's 0 follows a -1 candidate, so it is never committed
+    choice = target_choices(ctx, logits_output.next_token_logits, target_predict, W, rows_of=ragged.rows // W)
+    predict = ragged.pad(choice).view(bs, W)
     accept_len, commit_lens, bonus, out_tokens, new_seq_lens = accept_chain(ctx, cand, None, predict,
                                                                             window.prefix_lens)
     out_tokens.clamp_(min=0)  # past each commit length: a padded candidate's -1, read by nothing

@@ -62,7 +62,7 @@ def decode_tree(ctx: StepContext) -> GenerationBatchResult:
     target_out, target_predict = verify_forward(ctx, window, cand, positions,
                                                 tree_mask=packed(mask, window.prefix_lens, prefix_sum))
     logits_output = target_out.logits_output
-    choice = target_choices(ctx, logits_output.next_token_logits, target_predict, cand)
+    choice = target_choices(ctx, logits_output.next_token_logits, target_predict, n)
     accepted, path, bonus = walk(trees, choice, depth=B - 1, mask=mask)
     order = window_order(path, n)
     commit_lens = (accepted + 1).to(torch.int32)

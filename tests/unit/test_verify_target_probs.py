@@ -66,6 +66,25 @@ cut = target_probs_torch(logits, tk, torch.ones(4), None)
 out["one_row_cuts"] = {"support_row2": int((cut[2] > 0).sum()),
                        "simple_differs": float((cut - target_probs_torch(logits, tk, torch.ones(4), None,
                                                                         simple=True)).abs().max())}
+# a batch mixing kinds of rows (greedy: top-k 1; uncut; top-p; top-k and min_p), as a ragged step or a mixed batch
+# hands it, with the batch's flags all set: each row still gets its own request's distribution
+from types import SimpleNamespace
+from sglang_ext.verify_rows import sampler_probs
+torch.manual_seed(2)
+rows = 48
+logits = torch.randn(rows, V) * 3
+kind = torch.arange(rows) % 4
+tk = torch.where(kind == 0, 1, torch.where(kind == 3, torch.randint(2, 40, (rows,)), V))
+tp = torch.where(kind == 2, 0.8, 1.0)
+mp = torch.where(kind == 3, 0.05, 0.0)
+temps = torch.rand(rows, 1) + 0.5
+si = SimpleNamespace(temperatures=temps, top_ks=tk, top_ps=tp, min_ps=mp, need_min_p_sampling=True,
+                     need_top_p_sampling=True, need_top_k_sampling=True, max_top_k=None)
+got = sampler_probs(logits, si, lambda t: t)
+want = sampler_distribution(logits / temps, tk, tp, mp)
+out["mixed kinds"] = {"vs_sampler": float((got - want).abs().max()),
+                      "greedy_one_hot": bool((got[kind == 0].max(dim=-1).values == 1).all()),
+                      "uncut_support": int((got[kind == 1] > 0).sum())}
 print(json.dumps(out))
 """
 
@@ -85,3 +104,11 @@ def test_verify_rows_sample_the_plain_samplers_distribution():
     # the cases cut: the comparison is not between two softmaxes
     assert out["top_k everywhere"]["support"] < 48 * 40 and out["min_p"]["support"] < 48 * 512
     assert out["one_row_cuts"]["support_row2"] == 5 and out["one_row_cuts"]["simple_differs"] > 0.01
+
+
+def test_a_batch_mixing_greedy_and_sampled_rows_gives_each_row_its_requests_distribution():
+    """sampler_probs on CPU computes greedy rows (one-hot), uncut rows (softmax) and cut rows (sorted) apart: each
+    still equals what SGLang's sampler draws from for its request."""
+    mixed = _run()["mixed kinds"]
+    assert mixed["vs_sampler"] < 1e-6 and mixed["greedy_one_hot"], mixed
+    assert mixed["uncut_support"] == 12 * 512  # the uncut rows keep the whole vocabulary
