@@ -4,7 +4,7 @@ Why: the cost model's learner (cost_model.py) resolves a table from a seed and s
 numerics of that resolution, which changes with how a table is fitted, not with how it is learned or broadcast.
 
 Contract: ``monotone_table(cells, buckets, blocks, weights)`` completes a [buckets, blocks] table with NaN holes and
-makes it non-decreasing along both axes; ``isotonic(y, w)`` is the weighted non-decreasing least-squares fit it
+makes it non-decreasing along both axes (pooled runs along the widths spread out: ``spread_pooled``); ``isotonic(y, w)`` is the weighted non-decreasing least-squares fit it
 uses; ``residual_shift(resid, counts, buckets, blocks)`` is the seed's shift from the measured residuals;
 ``rebucket(full, src, dst)`` interpolates a complete table onto other batch buckets.
 Invariants: pure numpy, deterministic (every TP rank that resolves the same inputs gets the same table).
@@ -55,6 +55,35 @@ def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(vals), sizes)
 
 
+def spread_pooled(y: np.ndarray, xs: np.ndarray, w: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """An isotonic fit ``y`` of ``raw`` along the widths with each pooled run (equal consecutive values where
+    ``raw``'s were not: a violation pooled, not a measured equality) spread out: its
+    best-measured cell keeps the pooled value, the narrower cells of the run lie on the line from the value before
+    the run to it, the wider ones on the line from it to the value after the run (a run at an end of the row stays
+    flat on that side). Why: pooling makes the violators equal, and a wider width priced at a narrower one's cost
+    looks free -- a sparsely measured width 4 cell pooled into width 2's was chosen for a few percent more tokens
+    (docs/ADAPTIVE.md); a wider verify never costs nothing more. Still non-decreasing."""
+    out = y.copy()
+    n, i = len(y), 0
+    while i < n:
+        j = i
+        while j + 1 < n and y[j + 1] == y[i]:
+            j += 1
+        if j > i and not np.all(raw[i:j + 1] == raw[i]):
+            v = y[i]
+            k = i + int(np.argmax(w[i:j + 1]))
+            if i > 0:
+                left, xl = y[i - 1], xs[i - 1]
+                for m in range(i, k):
+                    out[m] = left + (v - left) * (xs[m] - xl) / (xs[k] - xl)
+            if j + 1 < n:
+                right, xr = y[j + 1], xs[j + 1]
+                for m in range(k + 1, j + 1):
+                    out[m] = v + (right - v) * (xs[m] - xs[k]) / (xr - xs[k])
+        i = j + 1
+    return out
+
+
 def monotone_table(
     cells: np.ndarray,
     buckets: Sequence[int],
@@ -65,7 +94,8 @@ def monotone_table(
 
     Violations are resolved by weighted isotonic regression (a noisy cheap cell and a well-measured dear one meet
     at their weighted mean) rather than a running maximum, which would let one noisy high cell raise every cell
-    above it; a running maximum afterwards only guarantees the invariant. Filled holes weigh little.
+    above it; along the widths the pooled cells are then spread between their neighbours (``spread_pooled``); a
+    running maximum afterwards only guarantees the invariant. Filled holes weigh little.
     """
     t = np.array(cells, dtype=float)
     if not np.isfinite(t).any():
@@ -82,7 +112,7 @@ def monotone_table(
     floor = max(1e-9, float(np.nanmin(t[t > 0])) * 1e-3) if (t > 0).any() else 1e-9
     t = np.maximum(t, floor)
     for i in range(t.shape[0]):
-        t[i, :] = isotonic(t[i, :], w[i, :])
+        t[i, :] = spread_pooled(isotonic(t[i, :], w[i, :]), kx, w[i, :], t[i, :])
     for k in range(t.shape[1]):
         t[:, k] = isotonic(t[:, k], w[:, k])
     t = np.maximum.accumulate(t, axis=1)

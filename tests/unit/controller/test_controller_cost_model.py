@@ -65,6 +65,17 @@ def test_one_noisy_cell_does_not_raise_the_whole_row() -> None:
     assert t[0, 3] < 6.5  # a running max would have made b=8 cost 6.6
 
 
+def test_a_sparsely_measured_wider_cell_pooled_with_a_narrower_one_is_not_priced_as_free() -> None:
+    """Width 4 measured a few times below width 2 (noise, or a shorter context then): pooling alone priced it at
+    width 2's cost, so it looked free; the well-measured width 2 keeps its price and width 4 lies between it and
+    width 8."""
+    row = np.array([[0.046, 0.062, 0.058, 0.107, 0.171]])
+    t = monotone_table(row, (32,), BLOCKS, np.array([[900.0, 60.0, 3.0, 30.0, 10.0]]))
+    assert t[0, 1] == pytest.approx(0.0618, abs=5e-4)  # width 2: about its own measurement
+    assert 0.070 < t[0, 2] < 0.080  # width 4: on the line from width 2 to width 8
+    assert t[0, 0] == pytest.approx(0.046) and t[0, 3] == pytest.approx(0.107)
+
+
 def test_learner_converges_and_active_changes_only_on_load() -> None:
     m = CostModel(BUCKETS, BLOCKS, np.full((7, 5), 0.01), ema=0.1)
     before = m.table

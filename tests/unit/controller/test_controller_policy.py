@@ -519,7 +519,7 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
     drafts the full block (a probe): the wider positions' acceptance is learned only from those probes, and their
     step times, not width b's, are not learned."""
     cfg = ControllerConfig(mode="adaptive", probe_interval=4, explore_margin=0.0, hysteresis=0.9)
-    eight = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.01, 16: 1.0}  # width 8 is the only sensible choice
+    eight = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 100.0}  # width 8 is the only sensible choice
     ctrl = BlockSizeController(cfg, flat_cost(eight), prefix_drafts=True)
     decisions = [ctrl.decide(["a"]) for _ in range(12)]
     assert {d.block_size for d in decisions} == {8}
