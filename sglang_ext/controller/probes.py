@@ -9,8 +9,9 @@ Contract (adaptive mode, ``probe_interval`` > 0, a drafter block above 1; a step
 anyway is never a probe and restarts the count):
   * far: a probe every ``probe_interval`` x min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS)) steps: one probe
     observes every request of the batch, so a larger batch needs fewer.
-  * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's, every
-    ``probe_near_interval`` steps instead, that interval doubling after each near probe (up to the far one), and
+  * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's and a
+    wider width's expected tokens exceed the current width's by more than ``hysteresis`` (drafts never accepted:
+    the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near probe (up to the far one), and
     back to ``probe_near_interval`` when the acceptance evidence -- the widest width's expected tokens over the
     current width's -- has risen by more than PROBE_SURPRISE since the last probe, or when the width switches
     (neither to try a width, exploration.py, nor back to the width an exploration left: that is no news about
@@ -56,7 +57,10 @@ class ProbeSchedule:
         far = self.far_interval(bs)
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
             evidence = float(tokens[k + 1:].max()) / float(tokens[k])
-            if float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k]):
+            # near only where drafting could win: a wider width's goodput close AND its tokens past hysteresis
+            # (with drafts never accepted every wider width is near in goodput by its price alone)
+            if (float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k])
+                    and evidence > 1.0 + cfg.hysteresis):
                 if evidence > self._evidence * (1.0 + PROBE_SURPRISE):
                     self._backoff = 0  # acceptance moved toward drafting since the last probe: look again
                 return min(far, cfg.probe_near_interval << self._backoff), evidence

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.test_adaptive import adaptive_config, scrape
 from tests.integration.test_lossless import MAX_NEW, plain_greedy, prompt_ids  # noqa: F401  (shared fixtures)
-from tests.integration.test_sampling_distribution import CONFIGS, assert_same_distribution, sample
+from tests.integration.test_sampling_distribution import CONFIGS, assert_same_distribution, plain_sample, sample
 
 pytestmark = pytest.mark.server
 PATTERN = [16, 1, 4, 16, 8, 2, 1]
@@ -53,7 +53,7 @@ def test_sampled_ragged_steps_keep_the_target_distribution(config, ragged_cycle_
     before = _ragged_steps(ragged_cycle_server)
     spec = sample(ragged_cycle_server, CONFIGS[config])
     assert _ragged_steps(ragged_cycle_server) - before >= 2  # the 800 requests' three tokens: ragged steps
-    assert_same_distribution(f"ragged, {config}", sample(plain_server, CONFIGS[config]), spec)
+    assert_same_distribution(f"ragged, {config}", plain_sample(plain_server, config), spec)
 
 
 def test_a_batch_with_penalties_verifies_one_width(ragged_cycle_server, prompt_ids):

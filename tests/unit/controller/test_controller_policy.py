@@ -578,6 +578,39 @@ def test_a_width_whose_every_draft_is_accepted_probes_beyond_itself_soon() -> No
     assert _saturation_probes(runs=0) == [31, 63]  # rejected at its first draft: the far interval only
 
 
+def _width1_probes(every: int, steps: int = 96) -> list[int]:
+    """Probe steps of a request held at width 1 (every wider width costs 1.3x or more: within probe_near_ratio of
+    width 1's goodput by its price alone) whose drafts accept their first position on one full draft in ``every``
+    (0: never)."""
+    cfg = ControllerConfig(mode="adaptive", probe_interval=32, probe_near_interval=4, explore_margin=0.0)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.013, 4: 0.02, 8: 0.04, 16: 0.08}))
+    drafts = 0
+
+    def accepted() -> int:
+        nonlocal drafts
+        drafts += 1
+        return int(every > 0 and drafts % every == 0)
+
+    for _ in range(40):
+        feed(ctrl, ["a"], np.array([accepted()]), 16)
+    probes = []
+    for step in range(steps):
+        d = ctrl.decide(["a"])
+        assert d.block_size == 1
+        if d.probe:
+            probes.append(step)
+        feed(ctrl, ["a"], np.array([accepted() if d.draft_full else 0]), 1, full_draft=d.draft_full)
+    return probes
+
+
+def test_drafts_never_accepted_probe_at_the_far_interval_only() -> None:
+    """A wider width near in goodput only by its price (its tokens within hysteresis of width 1's) is no reason
+    to look again soon: prose at temperature 1 probed every few steps at 32 requests. Drafts that are accepted
+    a little (not enough to switch) keep the near probes."""
+    assert _width1_probes(every=0) == [31, 63, 95]
+    assert len(_width1_probes(every=5)) > 3
+
+
 def tree_controller(extra_cost: float = 0.1) -> BlockSizeController:
     """Chains 1 and 16 and a tree of 31 prefixes (width 32) whose step costs ``extra_cost`` more than chain 16's."""
     cands = (1, 16, 32)
