@@ -4,7 +4,7 @@ step is known exactly).
 
 Why: the controller picks the speculation shape (chain width or tree budget) per batch from learned acceptance and
 tree gains (controller/tree_gain.py). DDTree's factorised score gives more: a step's own marginals say how likely
-each prefix is, so a confident step could verify a small tree and a doubtful one a large tree. Issue 16 asks for
+each prefix is, so a confident step could verify a small tree and a doubtful one a large tree. The tree target asks for
 that choice "from calibrated marginals"; this measures what it would buy before the worker pays for it.
 
 How: for every prompt of the sweep's code mix (loadtest/prompts/mix.jsonl, the target's chat template), plain

@@ -170,7 +170,7 @@ def _gpu_kit_refusal(device: str) -> str | None:
     if device == "cuda" and is_stub(sys.modules.get("sgl_kernel")):
         return None
     return (f"{names.GPU_KIT_TEST_ONLY} is set, but it is a test-only mode that only scripts/gpu-kit/run.sh runs "
-            f"(on a lent GPU without sgl-kernel); unset it to serve")
+            f"(on a GPU machine without sgl-kernel); unset it to serve")
 
 
 def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybrid: bool = False,

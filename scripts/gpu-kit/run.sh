@@ -3,7 +3,7 @@
 #   install the staged wheels (.gpukit/part*/, carried) into the device's python3, install dflash-serve from the
 #   tree, put the test-only mode's start-up hook in place, run orchestrate.py; report.json + logs under $OUT.
 # Usage: scripts/gpu-kit/run.sh [--install-only] [--dry-run] [--no-jit] [--budget S] [orchestrate.py: --only A,B --serial]
-#   --install-only  install what this call carried and stop (the first call of a split kit, README.md)
+#   --install-only  install the parts this transfer brought and stop (the first transfer of a split kit, README.md)
 #   --dry-run       no install, no GPU: the checks' orchestration with stand-ins (rehearsal, tests/unit)
 #   --no-jit        no nvcc build of SGLang's JIT kernels: their torch fallbacks only (gpu_kit_test_only.py)
 # Everything is bounded: the checks get --budget seconds (default 480) after the install, each its own timeout.
@@ -43,17 +43,17 @@ if ((${#wheels[@]})); then
     "${wheels[@]}" 2>&1 | tee -a "$OUT/install.log" || { log "wheel install failed: $OUT/install.log"; exit 1; }
 fi
 if ((install_only)); then
-  log "install-only: done (the next call carries the next part and runs the checks)"
+  log "install-only: done (the next transfer brings the next part and runs the checks)"
   exit 0
 fi
 missing=$("$PY" "$KIT/stage.py" --verify-installed)
 if (($?)); then
-  log "manifest pins not installed (carry every .gpukit/part* first, README.md):"; echo "$missing"
+  log "manifest pins not installed (copy every .gpukit/part* first, README.md):"; echo "$missing"
   printf '{"schema": 1, "error": "staged wheels missing", "missing": %s}\n' \
     "$("$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read().split("\n")))' <<<"$missing")" >"$OUT/report.json"
   exit 1
 fi
-# every call: the tree may have changed since the last one (a fix between the run and its rerun)
+# every run: the tree may have changed since the last one (a fix between the run and its rerun)
 log "installing dflash-serve from the tree (hatchling, no network)"
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --disable-pip-version-check . \
   2>&1 | tee -a "$OUT/install.log" || { log "dflash-serve install failed: $OUT/install.log"; exit 1; }

@@ -1,13 +1,13 @@
 """Stage the GPU kit's wheels HERE (PyPI reachable), in parts small enough to copy one at a time.
 
     python3 scripts/gpu-kit/stage.py            # download manifest.txt's wheels, slim sglang's, split into parts
-    python3 scripts/gpu-kit/stage.py --plan     # only measure the staged parts against what a call leaves now
+    python3 scripts/gpu-kit/stage.py --plan     # only measure the staged parts against what a transfer leaves now
     python3 scripts/gpu-kit/stage.py --verify-installed   # ON the device: is every manifest pin installed?
 
-The wheels land in `.gpukit/` (ignored), one folder per device call: `.gpukit/part1`, `.gpukit/part2`, ... Each part
-fits beside what every call carries anyway (the tracked files, and untracked files git does not ignore), so a part
-travels as that call's `carry`; installed parts stay installed while the machine is warm (scripts/gpu-kit/README.md
-says how the calls follow each other). `.gpukit/plan.json` records the sizes.
+The wheels land in `.gpukit/` (ignored), one folder per transfer to the GPU machine: `.gpukit/part1`,
+`.gpukit/part2`, ... Each part fits beside what every transfer copies anyway (the tracked files, and untracked files
+git does not ignore), so a part travels with one copy of the tree; installed parts stay installed while the machine
+stays up (scripts/gpu-kit/README.md says how the transfers follow each other). `.gpukit/plan.json` records the sizes.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ KIT = Path(__file__).resolve().parent
 REPO = KIT.parents[1]
 STAGE = REPO / ".gpukit"
 MANIFEST = KIT / "manifest.txt"
-CALL_LIMIT = 64 * 2**20  # a part and the working tree together, at most
-MARGIN = 2**20  # files the session adds between staging and the call (a report, a note)
+TRANSFER_LIMIT = 64 * 2**20  # a part and the working tree together, at most
+MARGIN = 2**20  # files added between staging and the transfer (a report, a note)
 PYTHON_VERSION = "3.12"  # the device image's python3 (device-image.txt)
 PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
-# Left out of sglang's wheel (39 MB, the tree's share of a call being ~28): the Rust server, benchmark, gRPC and
+# Left out of sglang's wheel (39 MB, the tree's share of a transfer being ~28): the Rust server, benchmark, gRPC and
 # multimodal extensions (loaded only by SGLANG_RUST_SERVER, the bench tools, gRPC mode and image processors),
 # diffusion serving and SGLang's own tests. Nothing the HTTP server, scheduler or DFlash path imports.
 SLIM_SGLANG = (
@@ -70,7 +70,7 @@ def read_manifest(path: Path = MANIFEST) -> list[Pin]:
 
 
 def repo_share(repo: Path = REPO) -> int:
-    """Bytes every device call carries from this checkout: tracked files, untracked files git does not ignore, and
+    """Bytes every transfer copies from this checkout: tracked files, untracked files git does not ignore, and
     shared/."""
     listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             check=True, capture_output=True).stdout.split(b"\0")
@@ -81,12 +81,12 @@ def repo_share(repo: Path = REPO) -> int:
 
 
 def split(sizes: dict[str, int], room: int) -> list[list[str]]:
-    """First-fit decreasing: the fewest parts (calls) of at most `room` bytes each."""
+    """First-fit decreasing: the fewest parts (transfers) of at most `room` bytes each."""
     parts: list[tuple[int, list[str]]] = []
     for name, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
         if size > room:
-            raise ValueError(f"{name} ({size / 2**20:.1f} MiB) is larger than a call's room for wheels "
-                             f"({room / 2**20:.1f} MiB): trim it (SLIM_SGLANG) or carry less of the repository")
+            raise ValueError(f"{name} ({size / 2**20:.1f} MiB) is larger than a transfer's room for wheels "
+                             f"({room / 2**20:.1f} MiB): trim it (SLIM_SGLANG) or send less of the repository")
         for i, (used, names) in enumerate(parts):
             if used + size <= room:
                 parts[i] = (used + size, names + [name])
@@ -153,25 +153,25 @@ def stage(dest: Path = STAGE, pins: list[Pin] | None = None) -> dict:
 
 def plan_parts(sizes: dict[str, int]) -> dict:
     share = repo_share()
-    room = CALL_LIMIT - share - MARGIN
+    room = TRANSFER_LIMIT - share - MARGIN
     parts = split(sizes, room)
     return {
-        "call_limit_bytes": CALL_LIMIT, "repository_bytes": share, "margin_bytes": MARGIN, "room_bytes": room,
+        "transfer_limit_bytes": TRANSFER_LIMIT, "repository_bytes": share, "margin_bytes": MARGIN, "room_bytes": room,
         "wheels_bytes": sum(sizes.values()), "parts": parts,
         "part_bytes": [sum(sizes[n] for n in names) for names in parts],
-        "carry": [f".gpukit/part{i}" for i in range(1, len(parts) + 1)],
+        "part_paths": [f".gpukit/part{i}" for i in range(1, len(parts) + 1)],
     }
 
 
 def staged_plan(dest: Path = STAGE) -> dict:
-    """The parts already in `dest`, measured against what a call leaves now (the repository grows between runs)."""
+    """The parts already in `dest`, measured against what a transfer leaves now (the repository grows between runs)."""
     parts = sorted(dest.glob("part*"), key=lambda p: int(p.name[4:]))
     share = repo_share()
     sizes = [sum(w.stat().st_size for w in p.glob("*.whl")) for p in parts]
-    return {"call_limit_bytes": CALL_LIMIT, "repository_bytes": share, "margin_bytes": MARGIN,
-            "room_bytes": CALL_LIMIT - share - MARGIN, "wheels_bytes": sum(sizes),
+    return {"transfer_limit_bytes": TRANSFER_LIMIT, "repository_bytes": share, "margin_bytes": MARGIN,
+            "room_bytes": TRANSFER_LIMIT - share - MARGIN, "wheels_bytes": sum(sizes),
             "parts": [sorted(_wheel_name(w) for w in p.glob("*.whl")) for p in parts], "part_bytes": sizes,
-            "carry": [f".gpukit/{p.name}" for p in parts]}
+            "part_paths": [f".gpukit/{p.name}" for p in parts]}
 
 
 def verify_installed(pins: list[Pin] | None = None) -> list[str]:
@@ -200,12 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if wrong else 0
     plan = staged_plan() if a.plan else stage()
     mib = 2**20
-    print(f"repository {plan['repository_bytes'] / mib:.1f} MiB a call; room for wheels {plan['room_bytes'] / mib:.1f} "
+    print(f"repository {plan['repository_bytes'] / mib:.1f} MiB a transfer; room for wheels {plan['room_bytes'] / mib:.1f} "
           f"MiB; wheels {plan['wheels_bytes'] / mib:.1f} MiB in {len(plan['parts'])} part(s): "
-          + ", ".join(f"{c} {b / mib:.1f} MiB" for c, b in zip(plan["carry"], plan["part_bytes"])))
-    over = [c for c, b in zip(plan["carry"], plan["part_bytes"]) if b > plan["room_bytes"] + plan["margin_bytes"]]
+          + ", ".join(f"{c} {b / mib:.1f} MiB" for c, b in zip(plan["part_paths"], plan["part_bytes"])))
+    over = [c for c, b in zip(plan["part_paths"], plan["part_bytes"]) if b > plan["room_bytes"] + plan["margin_bytes"]]
     if over:
-        print(f"{over} no longer fit a call beside the repository: run stage.py again")
+        print(f"{over} no longer fit a transfer beside the repository: run stage.py again")
     return 1 if over else 0
 
 

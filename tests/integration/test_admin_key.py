@@ -1,4 +1,4 @@
-"""The client key is not an admin key (issue 37): SGLang's admin routes answer only to `server.admin_api_key_env`'s
+"""The client key is not an admin key: SGLang's admin routes answer only to `server.admin_api_key_env`'s
 key, no GET route hands out a key or a command line holding one, and authentication comes before any look at the
 body. Two real servers: one with a client key only (admin routes closed to everyone), one with both keys.
 

@@ -1,4 +1,4 @@
-"""A drafter that learns the traffic it serves (issue 42), against one real dflash_adaptive server with `learning:`
+"""A drafter that learns the traffic it serves, against one real dflash_adaptive server with `learning:`
 on and an admin key: capture (token ids kept, opt-out honoured, nothing in the log), a hot swap mid-stream (greedy
 output identical to the server's own output before any swap, in-flight and after), rollback (`dflash-serve learn
 rollback` puts back the exact weights: SGLang's draft checksum), and the learner killed mid-round (serving and the

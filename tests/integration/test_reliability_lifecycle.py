@@ -1,4 +1,4 @@
-"""Start-up, binding, a second server on a taken port, and SIGTERM under load (issue 8), against the adaptive
+"""Start-up, binding, a second server on a taken port, and SIGTERM under load, against the adaptive
 configuration. One server: its /health is polled from the moment the process starts; the SIGTERM test ends it.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Reliability and security of the real server (issue 8), against the adaptive configuration with an API key:
+"""Reliability and security of the real server, against the adaptive configuration with an API key:
 clients that vanish mid-stream, malformed requests, a property-based run against the OpenAPI document, the
 routes the key protects, and what the log must not contain. One server for the module (start-up is most of the
 cost on CPU); the tests run in file order and the log check comes last.
 
 Bounded for CI; the long versions are `python -m loadtest.soak` and the environment variables
-DFLASH_RELIABILITY_DISCONNECTS (default 40; the issue's full run is 200) and DFLASH_RELIABILITY_FUZZ_EXAMPLES
+DFLASH_RELIABILITY_DISCONNECTS (default 40; a full run is 200) and DFLASH_RELIABILITY_FUZZ_EXAMPLES
 (default 20 per operation and mode).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sampling refusals judge the parameters a request is served with (issue 37): the operator's defaults
+"""Sampling refusals judge the parameters a request is served with: the operator's defaults
 (`sglang_args.preferred_sampling_params`) merged under the request's own, as SGLang merges them. A default DFlash
 cannot serve at all is refused at start-up (tests/unit/test_config_errors.py); this one is lossless until a request
 samples: a seed, for greedy decoding."""

@@ -1,5 +1,5 @@
-"""The GPU kit (scripts/gpu-kit/, issue 41) is ready for a lent GPU's one call: its wheels cover what the serving path
-imports that the device image lacks, one version each, in parts that fit a call; the configs it serves pass the
+"""The GPU kit (scripts/gpu-kit/) is ready for one run on an offline GPU machine: its wheels cover what the serving
+path imports that the device image lacks, one version each, in parts that fit a transfer; the configs it serves pass the
 product's config loading and SGLang's own parser; its test-only mode is inert without its variable and refused
 by the preflight outside the kit; run.sh --dry-run writes a well-formed report in which a failing check and one
 that outlives its timeout are recorded, not fatal."""
@@ -87,7 +87,7 @@ def test_parts_fit_the_room_a_call_leaves_and_an_oversized_wheel_is_named():
     assert sorted(n for p in parts for n in p) == sorted(sizes)
     assert all(sum(sizes[n] for n in p) <= 40 for p in parts)
     assert len(parts) == 2
-    with pytest.raises(ValueError, match="a .* larger than a call's room"):
+    with pytest.raises(ValueError, match="a .* larger than a transfer's room"):
         stage.split({"a": 41}, room=40)
 
 
@@ -104,7 +104,7 @@ def test_slimmed_wheel_drops_the_members_and_their_record_lines(tmp_path):
 
 
 def test_every_config_the_kit_serves_passes_config_loading_and_sglangs_parser(tmp_path, monkeypatch):
-    """A misspelt SGLang flag in a kit config would cost a lent GPU's whole call; here it costs seconds."""
+    """A misspelt SGLang flag in a kit config would cost a whole run on the GPU machine; here it costs seconds."""
     from service.config import parse_config
     from service.preflight import check
     from service.sglang_args import sglang_parser, validate_passthrough

@@ -1,4 +1,4 @@
-"""Issue 42 without a server: the capture store's limits and its non-blocking handover, the `learning:` config, the
+"""The learning drafter without a server: the capture store's limits and its non-blocking handover, the `learning:` config, the
 gate's rule, and the gate refusing a randomly perturbed drafter measured on the bundled pair (offline, as
 `dflash-serve learn` measures)."""
 from __future__ import annotations

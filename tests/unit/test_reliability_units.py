@@ -1,4 +1,4 @@
-"""The reliability fixes without a server (issue 8): the HTTP guard as an ASGI app, request validation, DFlash's
+"""The reliability fixes without a server: the HTTP guard as an ASGI app, request validation, DFlash's
 req_to_token headroom, the idle-gauge publish, the launcher's bounded shutdown and port check, config fields.
 The same behaviour against a real server: tests/integration/test_reliability_*.py."""
 from __future__ import annotations
