@@ -6,8 +6,8 @@ and the j-th draft token of a block survives with probability prod_{k<=j} max_x 
 per step of a block of b are at most E[1 + sum_{j=1}^{b-1} prod_{k<=j} m_k], m_k the target's top probability at
 the k-th position of its own sampled continuation. This script samples the target's continuations of a workload's
 prompts (transformers, CPU) at a temperature and reports that ceiling per block size next to the mean top
-probability. A learning drafter ("1.5x the static drafter's acceptance", the learning target) cannot pass it, whatever it
-learns. Prints a table and writes JSON.
+probability. A learning drafter (its target: 1.5x the static drafter's acceptance) cannot pass it, whatever
+it learns. Prints a table and writes JSON.
 
     python benchmarks/acceptance_ceiling.py [--workload prose] [--temperature 1.0] [--prompts 32] [--new 64]
 """

@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if wrong else 0
     plan = staged_plan() if a.plan else stage()
     mib = 2**20
-    print(f"repository {plan['repository_bytes'] / mib:.1f} MiB a transfer; room for wheels {plan['room_bytes'] / mib:.1f} "
+    print(f"repository {plan['repository_bytes'] / mib:.1f} MiB a transfer; "
+          f"room for wheels {plan['room_bytes'] / mib:.1f} "
           f"MiB; wheels {plan['wheels_bytes'] / mib:.1f} MiB in {len(plan['parts'])} part(s): "
           + ", ".join(f"{c} {b / mib:.1f} MiB" for c, b in zip(plan["part_paths"], plan["part_bytes"])))
     over = [c for c, b in zip(plan["part_paths"], plan["part_bytes"]) if b > plan["room_bytes"] + plan["margin_bytes"]]

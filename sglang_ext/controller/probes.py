@@ -11,11 +11,11 @@ anyway is never a probe and restarts the count):
     observes every request of the batch, so a larger batch needs fewer.
   * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's and a
     wider width's expected tokens exceed the current width's by more than ``hysteresis`` (drafts never accepted:
-    the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near probe (up to the far one), and
-    back to ``probe_near_interval`` when the acceptance evidence -- the widest width's expected tokens over the
-    current width's -- has risen by more than PROBE_SURPRISE since the last probe, or when the width switches
-    (neither to try a width, exploration.py, nor back to the width an exploration left: that is no news about
-    acceptance).
+    the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near
+    probe (up to the far one), and back to ``probe_near_interval`` when the acceptance evidence -- the widest
+    width's expected tokens over the current width's -- has risen by more than PROBE_SURPRISE since the last
+    probe, or when the width switches (neither to try a width, exploration.py, nor back to the width an
+    exploration left: that is no news about acceptance).
   * saturated: after ``probe_near_interval`` steps in a row at a prefix-drafted width (1 < b < max_block) in
     which every request accepted all b - 1 drafts it verified, at once, and the near doubling restarts. Why: such
     steps say nothing about the positions past b, which the estimate then takes from the class's curve; a request

@@ -4,9 +4,10 @@ Why: the cost model's learner (cost_model.py) resolves a table from a seed and s
 numerics of that resolution, which changes with how a table is fitted, not with how it is learned or broadcast.
 
 Contract: ``monotone_table(cells, buckets, blocks, weights)`` completes a [buckets, blocks] table with NaN holes and
-makes it non-decreasing along both axes (pooled runs along the widths spread out: ``spread_pooled``); ``isotonic(y, w)`` is the weighted non-decreasing least-squares fit it
-uses; ``residual_shift(resid, counts, buckets, blocks)`` is the seed's shift from the measured residuals;
-``rebucket(full, src, dst)`` interpolates a complete table onto other batch buckets.
+makes it non-decreasing along both axes (pooled runs along the widths spread out: ``spread_pooled``);
+``isotonic(y, w)`` is the weighted non-decreasing least-squares fit it uses; ``residual_shift(resid, counts,
+buckets, blocks)`` is the seed's shift from the measured residuals; ``rebucket(full, src, dst)`` interpolates a
+complete table onto other batch buckets.
 Invariants: pure numpy, deterministic (every TP rank that resolves the same inputs gets the same table).
 """
 from __future__ import annotations

@@ -72,7 +72,11 @@ def target_choices(ctx: StepContext, logits: torch.Tensor | None, target_predict
         rep = ((lambda t: t.repeat_interleave(n, dim=0)) if rows_of is None
                else (lambda t: t.index_select(0, rows_of)))
         if sampling_info is not None and sampling_info.logit_bias is not None:
-            logits.add_(rep(sampling_info.logit_bias).to(logits.dtype))
+            bias = sampling_info.logit_bias.to(logits.dtype)
+            if rows_of is None:  # a [bs, n] block: broadcast over its rows
+                logits.view(bs, n, -1).add_(bias[:, None, :])
+            else:
+                logits.add_(bias.index_select(0, rows_of))
         if upstream._is_all_greedy(sampling_info):
             choice, site = torch.argmax(logits, dim=-1), upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
         else:

@@ -44,6 +44,21 @@ def test_ragged_steps_commit_what_plain_decoding_commits(ragged_cycle_server, pl
     assert max(r["meta_info"]["spec_accept_length"] for r in batched) > 1.5
 
 
+def test_greedy_ragged_steps_with_logit_bias_commit_what_plain_decoding_commits(ragged_cycle_server, plain_server,
+                                                                                prompt_ids):
+    """logit_bias is applied to every verified row of a ragged step before its argmax, as plain decoding applies it
+    before its own (a batch with it verifies the logits, not upstream's skipped argmax)."""
+    bias = {"13": 5.0, "220": -3.0}
+    want = [r["output_ids"] for r in plain_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0,
+                                                           logit_bias=bias)]
+    assert want != [r["output_ids"] for r in plain_server.generate(
+        prompt_ids, max_new_tokens=MAX_NEW, temperature=0)]  # the bias changes the output: not vacuous
+    before = _ragged_steps(ragged_cycle_server)
+    got = ragged_cycle_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0, logit_bias=bias)
+    assert [r["output_ids"] for r in got] == want
+    assert _ragged_steps(ragged_cycle_server) - before >= 10
+
+
 @pytest.mark.parametrize("config", ["temperature", "top_k_top_p", "min_p"])
 def test_sampled_ragged_steps_keep_the_target_distribution(config, ragged_cycle_server, plain_server):
     """A sampled batch runs ragged steps too (every step mixes widths 1 to 16) and its outputs have the target's

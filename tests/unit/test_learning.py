@@ -1,6 +1,6 @@
-"""The learning drafter without a server: the capture store's limits and its non-blocking handover, the `learning:` config, the
-gate's rule, and the gate refusing a randomly perturbed drafter measured on the bundled pair (offline, as
-`dflash-serve learn` measures)."""
+"""The learning drafter without a server: the capture store's limits and its non-blocking handover, the
+`learning:` config, the gate's rule, and the gate refusing a randomly perturbed drafter measured on the bundled
+pair (offline, as `dflash-serve learn` measures)."""
 from __future__ import annotations
 
 import json
