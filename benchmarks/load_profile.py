@@ -35,23 +35,32 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.step_profile import PHASE_NAMES, config_for, parse_raw, phase_table, record_scheduler  # noqa: E402
 from harness.server import ManagedServer  # noqa: E402
-from loadtest.dataset import load_prompts  # noqa: E402
+from loadtest.dataset import load_requests  # noqa: E402
 
 CONFIGS = ("no-spec", "adaptive")  # step_profile.CONFIGS names
 
 
 def workloads(names: list[str]) -> dict[str, tuple[list, float]]:
-    """name -> (conversations, temperature), from the sweep's configurations file."""
+    """name -> ([(messages, temperature)], the workload's temperature), from the sweep's configurations file: a
+    line's own temperature wins over the workload's, as the sweep sends it."""
     path = REPO / "loadtest/configs.yaml"
     raw = yaml.safe_load(path.read_text())["workloads"]
-    return {n: (load_prompts((path.parent / raw[n]["dataset"]).resolve()), float(raw[n].get("temperature", 0)))
-            for n in names}
+    out = {}
+    for n in names:
+        temp = float(raw[n].get("temperature", 0))
+        reqs = load_requests((path.parent / raw[n]["dataset"]).resolve())
+        chats = [(r.messages, temp if r.temperature is None else float(r.temperature))
+                 for r in reqs if r.messages is not None]
+        if len(chats) != len(reqs):
+            raise SystemExit(f"workload {n}: completion prompts; this tool sends chats only")
+        out[n] = (chats, temp)
+    return out
 
 
-def chat_users(url: str, users: int, convs: list, temperature: float, max_tokens: int, stop: threading.Event,
-               done: list):
-    """Start `users` closed-loop streaming chat clients (the openai client, as loadtest/chat.py's users send); each
-    finished request appends (first chunk time, end time, completion tokens) to `done`."""
+def chat_users(url: str, users: int, convs: list, max_tokens: int, stop: threading.Event, done: list):
+    """Start `users` closed-loop streaming chat clients (the openai client, as loadtest/chat.py's users send) over
+    `convs`, (messages, temperature) pairs; each finished request appends (first chunk time, end time, completion
+    tokens) to `done`."""
     from openai import OpenAI
 
     def user(seed: int) -> None:
@@ -60,8 +69,9 @@ def chat_users(url: str, users: int, convs: list, temperature: float, max_tokens
         rnd = random.Random(seed)
         while not stop.is_set():
             first, tokens = None, 0
+            messages, temperature = rnd.choice(convs)
             for chunk in client.chat.completions.create(
-                    model=model, messages=rnd.choice(convs), max_tokens=max_tokens, temperature=temperature,
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
                     stream=True, stream_options={"include_usage": True}):
                 if first is None and chunk.choices:
                     first = time.perf_counter()
@@ -76,11 +86,11 @@ def chat_users(url: str, users: int, convs: list, temperature: float, max_tokens
     return threads
 
 
-def point(server: ManagedServer, users: int, convs: list, temperature: float, max_tokens: int, seconds: float,
+def point(server: ManagedServer, users: int, convs: list, max_tokens: int, seconds: float,
           rate: int, keep: Path | None) -> tuple[Counter, float]:
     """(py-spy samples by phase, output tokens generated) over `seconds` of steady load."""
     stop, done = threading.Event(), []
-    threads = chat_users(server.url, users, convs, temperature, max_tokens, stop, done)
+    threads = chat_users(server.url, users, convs, max_tokens, stop, done)
     time.sleep(3.0)  # every user past its first prefill
     t0 = time.perf_counter()
     text = record_scheduler(server, seconds, rate, keep)
@@ -132,16 +142,17 @@ def main(argv: list[str] | None = None) -> int:
         servers = {}
         for name in names:  # every server up at once, measured in turns: this machine drifts over minutes
             base = name.removesuffix("@before")
-            env = {"PYTHONPATH": str(a.before.resolve())} if name.endswith("@before") else None
-            servers[name] = stack.enter_context(ManagedServer(config_for(a.config, base), Path(tmp),
-                                                              name.replace("@", "-"), env=env))
+            before = a.before.resolve() if name.endswith("@before") else None
+            servers[name] = stack.enter_context(ManagedServer(
+                config_for(a.config, base), Path(tmp), name.replace("@", "-"),
+                env=None if before is None else {"PYTHONPATH": str(before)}, cwd=before))
         for wl, (convs, temp) in wls.items():
             for users in a.users:
                 acc = {name: (Counter(), 0.0) for name in servers}
                 for rnd in range(a.rounds):
                     for name, server in servers.items():
                         keep = a.raw_dir / f"{wl}_u{users}_{name}_{rnd}.txt" if a.raw_dir else None
-                        samples, tokens = point(server, users, convs, temp, a.max_tokens, a.seconds, a.rate, keep)
+                        samples, tokens = point(server, users, convs, a.max_tokens, a.seconds, a.rate, keep)
                         acc[name][0].update(samples)
                         acc[name] = (acc[name][0], acc[name][1] + tokens)
                         print(f"[load-profile] {wl}, {users} users, {name}, round {rnd + 1}: {tokens:.0f} tokens",

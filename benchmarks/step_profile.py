@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             if name.endswith(BEFORE):
                 env["PYTHONPATH"] = str(a.before.resolve())
             server = ManagedServer(config_for(a.config, name.removesuffix(BEFORE)), Path(tmp),
-                                   name.replace("@", "-"), env=env or None)
+                                   name.replace("@", "-"), env=env or None,
+                                   cwd=a.before.resolve() if name.endswith(BEFORE) else None)
             servers[name] = stack.enter_context(server)
             timed(servers[name], prompts(vocab, 64, 1, 0), 8)  # warm-up
         for n in a.loads:

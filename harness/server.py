@@ -63,9 +63,11 @@ class ManagedServer:
     """`dflash-serve serve` for `config` (a dict, as in the YAML) on a free loopback port."""
 
     def __init__(self, config: dict, workdir: Path, name: str, startup_timeout: float | None = None,
-                 env: dict[str, str] | None = None, host: str | None = "127.0.0.1"):
+                 env: dict[str, str] | None = None, host: str | None = "127.0.0.1", cwd: Path | None = None):
         """`env`: extra environment for the server (e.g. its API key variable). `host=None` keeps the config's
-        `server.host` (the schema's default when it has none); the URL is always loopback."""
+        `server.host` (the schema's default when it has none); the URL is always loopback. `cwd`: the directory the
+        server starts in; `python -m` puts it first on sys.path, ahead of PYTHONPATH, so a server run from another
+        checkout starts there (its launcher and its worker from the same code)."""
         self._config, self._host = config, host
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / f"{name}.yaml"
@@ -74,6 +76,7 @@ class ManagedServer:
         self.startup_timeout = startup_timeout or float(os.environ.get("DFLASH_STARTUP_TIMEOUT", "300"))
         self.proc: subprocess.Popen | None = None
         self.env = env
+        self.cwd = cwd
 
     def _use_port(self, port: int) -> None:
         self.port = port
@@ -92,7 +95,7 @@ class ManagedServer:
         log = self.log_path.open("w")
         env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "-c", str(self.config_path)],
-                                     stdout=log, stderr=subprocess.STDOUT, env=env)
+                                     stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         return self
 
     def wait_ready(self) -> "ManagedServer":
