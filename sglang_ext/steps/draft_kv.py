@@ -28,26 +28,19 @@ class DeferredAppend:
     positions: torch.Tensor  # [n]
     rows: tuple[tuple[str, int], ...]
 
-    def split(self, gone: set[str]) -> tuple["DeferredAppend | None", "DeferredAppend | None"]:
-        """(the rows of requests in ``gone``, the others), each None when empty."""
-        flags = [rid in gone for rid, _ in self.rows]
-        if not any(flags):
-            return None, self
+    def without(self, gone: set[str]) -> "DeferredAppend | None":
+        """The rows of requests not in ``gone``; None when none is left."""
+        flags = [rid not in gone for rid, _ in self.rows]
         if all(flags):
-            return self, None
-        starts = [0]
-        for _, n in self.rows:
-            starts.append(starts[-1] + n)
-
-        def part(gone_part: bool) -> DeferredAppend:
-            # host-built indices: a boolean mask would sync a device to size its result
-            idx = torch.cat([torch.arange(starts[i], starts[i + 1]) for i, f in enumerate(flags) if f == gone_part])
-            idx = idx.to(self.cache_loc.device, non_blocking=True)
-            return DeferredAppend(self.hidden.index_select(0, idx), self.cache_loc.index_select(0, idx),
-                                  self.positions.index_select(0, idx),
-                                  tuple(r for r, f in zip(self.rows, flags) if f == gone_part))
-
-        return part(True), part(False)
+            return self
+        if not any(flags):
+            return None
+        # one host-built row mask: a device-side boolean mask would sync to size its result
+        keep = torch.repeat_interleave(torch.tensor(flags), torch.tensor([n for _, n in self.rows]))
+        idx = keep.nonzero().view(-1).to(self.cache_loc.device, non_blocking=True)
+        return DeferredAppend(self.hidden.index_select(0, idx), self.cache_loc.index_select(0, idx),
+                              self.positions.index_select(0, idx),
+                              tuple(r for r, f in zip(self.rows, flags) if f))
 
 
 def _owns_its_slots(req: Any, kv: Any, pool_idx: Any) -> bool:
@@ -110,8 +103,10 @@ class DraftKV:
 
     def _keep(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
               reqs: Sequence[Any], counts: Sequence[int]) -> None:
-        # copies: a CUDA graph's output buffer is overwritten by the next replay
-        self._pending.append(DeferredAppend(hidden.clone(), cache_loc.to(torch.int64, copy=True),
+        # copies: a CUDA graph's output buffer is overwritten by the next replay (the CPU's eager forward returns
+        # new features every step: kept as they are)
+        self._pending.append(DeferredAppend(hidden if self._compact else hidden.clone(),
+                                            cache_loc.to(torch.int64, copy=True),
                                             positions.to(torch.int64, copy=True),
                                             tuple((r.rid, int(n)) for r, n in zip(reqs, counts))))
         self._rows += int(cache_loc.numel())
@@ -137,29 +132,25 @@ class DraftKV:
         return True
 
     def before_forward(self) -> None:
-        """Before any forward: the rows of requests that no longer own their slots are written (``keep_left``) or
-        dropped; the others stay pending."""
+        """Before any forward, once a request no longer owns its slots: with ``keep_left`` every pending row is
+        written (every row is written sooner or later there: for a draft, or when its request leaves; one pass is
+        cheaper than picking the left requests' rows out of every pending step), else the left requests' rows are
+        dropped and the others stay pending."""
         if not self._pending:
             return
         gone = {rid for rid, o in self._owners.items() if not _owns_its_slots(*o)}
         if not gone:
             return
-        left, kept = [], []
-        for d in self._pending:
-            a, b = d.split(gone)
-            if a is not None:
-                left.append(a)
-            if b is not None:
-                kept.append(b)
+        if self.keep_left:
+            self.flush()
+            return
+        kept = [k for k in (d.without(gone) for d in self._pending) if k is not None]
         for rid in gone:
             del self._owners[rid]
-        n_left = sum(int(d.cache_loc.numel()) for d in left)
-        self._pending, self._rows = kept, self._rows - n_left
+        rows = sum(int(d.cache_loc.numel()) for d in kept)
+        self.rows_dropped += self._rows - rows
+        self._pending, self._rows = kept, rows
         self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in kept)
-        if self.keep_left:
-            self._write_rows(left)
-        else:
-            self.rows_dropped += n_left
 
     def end_width1_step(self) -> None:
         """After a width-1 step: flush once DEFERRED_APPEND_BYTES are pending."""

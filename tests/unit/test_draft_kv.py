@@ -66,21 +66,36 @@ def test_prompt_contexts_and_width1_rows_wait_for_the_next_draft_and_arrive_whol
     assert d.pending_rows == 0
 
 
-@pytest.mark.parametrize("keep_left", [True, False])
-def test_a_request_that_leaves_has_its_rows_written_or_dropped_and_the_others_keep_waiting(keep_left: bool) -> None:
-    d, rec = kv(keep_left=keep_left)
+def test_without_a_prefix_cache_a_left_requests_rows_are_dropped_and_the_others_keep_waiting() -> None:
+    d, rec = kv(keep_left=False)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"  # a leaves: its slots 10-12 may be handed to the next prefill
     d.before_forward()
-    assert d.pending_rows == 2  # b's two rows still wait
-    assert rec.written() == ({10: (0, 10.0), 11: (1, 11.0), 12: (2, 12.0)} if keep_left else {})
-    assert d.rows_dropped == (0 if keep_left else 3)
+    assert d.pending_rows == 2 and rec.written() == {}  # b's two rows still wait; a's are nobody's
+    assert d.rows_dropped == 3
     c = Req("c", 0)  # takes a's request-pool row and slots
     d.defer_prompt(*rows([10, 11]), [c], [2])
     d.flush()
-    assert sorted(rec.passes[-1]) == [10, 11, 20, 21]  # c's rows and b's, one pass, each slot once
+    assert rec.written() == {10: (0, 10.0), 11: (1, 11.0), 20: (2, 20.0), 21: (3, 21.0)}  # c's rows and b's
+
+
+def test_with_a_prefix_cache_a_request_that_leaves_has_every_pending_row_written_before_its_slots_move_on() -> None:
+    """Its slots may live on in the prefix cache, where a later request's draft reads them: written before the next
+    forward (with every other pending row: all are written sooner or later), never after a new owner's."""
+    d, rec = kv(keep_left=True)
+    a, b = Req("a", 0), Req("b", 1)
+    d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
+    d.defer(*rows([12, 21], 2), [a, b])
+    a.finished_reason = "stop"
+    d.before_forward()
+    assert len(rec.passes) == 1 and d.pending_rows == 0 and d.rows_dropped == 0
+    assert rec.written() == {10: (0, 10.0), 11: (1, 11.0), 12: (2, 12.0), 20: (2, 20.0), 21: (3, 21.0)}
+    c = Req("c", 0)  # takes a's request-pool row and slots
+    d.defer_prompt(*rows([10, 11]), [c], [2])
+    d.flush()
+    assert rec.passes[-1] == {10: (0, 10.0), 11: (1, 11.0)}  # c's own, after a's
 
 
 @pytest.mark.parametrize("how", ["retracted", "readmitted"])
