@@ -6,22 +6,23 @@ j is accepted given tokens 1..j-1 were.
 
 Model:
   * Exponentially decayed counts (accepted a_j, tried n_j), j = 1..J (J = B_max - 1), kept globally and per slot.
-    Decay is per decode STEP (``step``): a request's counts by ``decay`` at every step it is in the batch, the
-    global counts by ``global_decay`` at every step. Memory is therefore in time, not in observations: when the
-    width is 1 and only periodic probes observe acceptance, old evidence still fades at the normal rate and the
-    estimate relaxes toward its prior instead of freezing in a stale phase.
+    A request's counts decay by ``decay`` at every decode STEP it is in the batch (``step``): its memory is in
+    time, so a request that stops being observed (width 1 between probes) relaxes toward its class's estimate.
+    A class's global counts decay by ``global_decay`` once per step that OBSERVES the class (a verify past width
+    1, a hindsight block resolved), before the step's observations are added: their memory is in observed steps.
+    Why: the global estimate is every new request's prior, and a width-1 stretch observes nothing -- decayed per
+    step, the evidence that drafts are never accepted (prose at temperature 1) faded back to the flat prior between
+    probes spaced by their price (probes.py), and new requests started out drafting again.
   * Global estimate with a prior chained along positions: p_g1 = (a_g1 + s0*m0) / (n_g1 + s0) and
     p_gj = (a_gj + s0*p_g,j-1) / (n_gj + s0). Far positions are rarely tried (only after j-1 acceptances), so
     their prior should be their neighbour's estimate, not a flat m0 (which overstated long blocks on chat).
   * Request estimate shrunk toward the global one: p_rj = (a_rj + k*p_gj) / (n_rj + k).
   * The global counts are kept per prior class (``classes``; the policy uses two: greedy and sampled requests),
-    and a request shrinks toward its own class's. A class's global counts decay only at steps where the class is in
-    the batch. Why: the global estimate is a new request's prior, and what a drafter's guesses are worth differs by
-    class -- a greedy request accepts a draft token that is the target's argmax, a sampled one with the target's
-    probability of it; with one prior, sampled prose after a greedy code phase started from the code prior and
-    drafted wide for about one token a step (docs/ADAPTIVE.md). Why frozen while absent: nothing new is known of an
-    absent class, and a decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either
-    kind of traffic.
+    and a request shrinks toward its own class's. Why: what a drafter's guesses are worth differs by class -- a
+    greedy request accepts a draft token that is the target's argmax, a sampled one with the target's probability
+    of it; with one prior, sampled prose after a greedy code phase started from the code prior and drafted wide for
+    about one token a step (docs/ADAPTIVE.md). A class absent from the batch is not observed, so its counts keep
+    (a decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either kind of traffic).
 
 Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
 1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
@@ -79,6 +80,7 @@ class AcceptanceStats:
         self.version = 0
         self._decay_slots: np.ndarray | None = None  # step(): the batch whose repeated steps' decay is deferred
         self._decay_steps = 0  # and how many steps of it are
+        self._global_due = np.zeros(self.classes, dtype=bool)  # a step passed since the class's last global decay
         self.resize(capacity)
 
     # -- storage ----------------------------------------------------------------------------------------------
@@ -153,11 +155,12 @@ class AcceptanceStats:
         return A, N
 
     def step(self, slots: np.ndarray) -> None:
-        """One decode step elapsed with ``slots`` in the batch: decay their counts and their classes' global counts.
+        """One decode step elapsed with ``slots`` in the batch: decay their counts; their classes' global counts
+        decay at their next observation (module docstring).
 
         Called again with the very same array object, the decay is deferred to the next read or change of the
         counts, where k such steps cost one multiplication by decay**k. Why: with speculation off a step observes
-        nothing else, and the decay's dozen small numpy calls are a noticeable part of a width-1 step in a server
+        nothing else, and the decay's small numpy calls are a noticeable part of a width-1 step in a server
         (cache-cold). A caller that passes a fresh array per step gets the decay at once."""
         if slots is self._decay_slots:
             self._decay_steps += 1
@@ -177,19 +180,10 @@ class AcceptanceStats:
             d = self.decay ** k
             self.a_r[:, slots] *= d
             self.n_r[:, slots] *= d
-        if self.global_decay < 1.0:
-            d = self.global_decay ** k
-            if self.classes == 1:
-                self._a_g *= d
-                self._n_g *= d
-            else:
-                cls = self.slot_class[slots]
-                present = np.flatnonzero(np.bincount(cls, minlength=self.classes)) if cls.any() else (0,)
-                for c in present:
-                    self._a_g[c] *= d
-                    self._n_g[c] *= d
-            self._pg_cache = None
-            self._kpg_cache = None
+        if self.classes == 1:
+            self._global_due[0] = True
+        else:
+            self._global_due[self.slot_class[slots]] = True
 
     def observe(self, slots: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
         """Add observations ``(slots[i], accepted[i], tried[i])`` to the slot and global counts (no decay)."""
@@ -212,6 +206,10 @@ class AcceptanceStats:
                     self._add_global(c, A[mine].sum(axis=0), N[mine].sum(axis=0))
 
     def _add_global(self, cls: int, a: np.ndarray, n: np.ndarray) -> None:
+        if self._global_due[cls] and self.global_decay < 1.0:  # once per step that observes the class
+            self._a_g[cls] *= self.global_decay
+            self._n_g[cls] *= self.global_decay
+        self._global_due[cls] = False
         self._a_g[cls] += a
         self._n_g[cls] += n
         self.version += 1

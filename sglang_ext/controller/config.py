@@ -66,7 +66,8 @@ class ControllerConfig:
     decay: float = 0.99
     """Per-step decay of a request's acceptance counts (memory ~ 1 / (1 - decay) of its decode steps)."""
     global_decay: float = 0.99
-    """Per-step decay of the global acceptance counts (the prior of new requests and of rarely seen positions)."""
+    """Decay of a prior class's global acceptance counts (the prior of new requests and of rarely seen positions) at
+    every step that observes the class: memory in observed steps, so a stretch at width 1 keeps what was learnt."""
     prior_strength: float = 8.0
     """k of the Beta prior that shrinks a request's acceptance estimate toward the global one."""
     global_prior_mean: float = 0.5
@@ -77,6 +78,10 @@ class ControllerConfig:
     probe_interval: int = 32
     """Steps between probes (a full draft at a width that drafts less, so acceptance keeps being observed),
     stretched for large batches (sglang_ext/controller/probes.py); 0 disables probing."""
+    probe_budget: float = 0.01
+    """The largest share of decode time far probes may take: the probe schedule spaces them by their measured extra
+    time (sglang_ext/controller/probe_price.py) so that a workload the drafter cannot guess pays at most this for the
+    chance to find out it can; near probes (a wider width close to paying) are not bounded by it."""
     probe_near_interval: int = 4
     """Steps between probes while a wider width is predicted within ``probe_near_ratio`` of the current one's
     goodput and expects more than ``hysteresis`` more tokens, doubling after each such probe up to
@@ -152,6 +157,8 @@ class ControllerConfig:
             _fail("global_prior_strength", f"must be a number > 0, got {self.global_prior_strength!r}")
         if not (_is_int(self.probe_interval) and self.probe_interval >= 0):
             _fail("probe_interval", f"must be an int >= 0 (0 disables probing), got {self.probe_interval!r}")
+        if not (_is_real(self.probe_budget) and 0.0 < self.probe_budget <= 1.0):
+            _fail("probe_budget", f"must be a number in (0, 1], got {self.probe_budget!r}")
         if not (_is_int(self.probe_near_interval) and self.probe_near_interval >= 0):
             _fail("probe_near_interval", f"must be an int >= 0 (0 disables), got {self.probe_near_interval!r}")
         if not (_is_real(self.probe_near_ratio) and 0.0 < self.probe_near_ratio <= 1.0):

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .probe_price import ProbePrice
 from .roofline import RooflineProfile, load_json
 from .table_fit import monotone_table, rebucket, residual_shift
 
@@ -95,6 +96,7 @@ class CostModel:
         self._version = 0
         self._next_version = 1
         self._row_cache: dict[int, np.ndarray] = {}
+        self.probe_price = ProbePrice(bk, self.ema)  # a probe's extra time, broadcast with the table
 
     # -- construction -----------------------------------------------------------------------------------------
     @classmethod
@@ -170,6 +172,20 @@ class CostModel:
         w = max(self.ema, 1.0 / (n + prior))
         self._est[i, k] = cur + w * (float(seconds) - cur)
 
+    def observe_probe(self, batch_size: int, block_size: int, seconds: float) -> None:
+        """Fold one probe step's time into the probe price (probe_price.py): its time less the active table's
+        price of its width, which is what the probe added."""
+        k = self._block_index.get(int(block_size))
+        i = self.bucket_index(int(batch_size))
+        if k is None or batch_size < 1 or i >= len(self.batch_buckets) or not np.isfinite(self._active).all():
+            return
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
+            self.probe_price.observe(i, float(seconds) - float(self.row(int(batch_size))[k]))
+
+    def probe_seconds(self, batch_size: int) -> float | None:
+        """The active price of a probe at ``batch_size`` (probe_price.py; None before one was measured)."""
+        return self.probe_price.seconds(int(batch_size), self.bucket_index(int(batch_size)))
+
     def resolve(self) -> np.ndarray:
         """The learner's complete monotone table (see module docstring)."""
         measured = self._count > 0
@@ -202,6 +218,7 @@ class CostModel:
             "measurements": self._count.tolist(),
             "age": np.where(self._last >= 0, self._clock - self._last, NEVER).tolist(),
             "seed_measured": self.seed_measured,
+            "probe_extra": self.probe_price.export(),
         }
 
     def load(self, table: Mapping[str, Any]) -> None:
@@ -223,6 +240,7 @@ class CostModel:
         age = np.asarray(table.get("age", np.full(shape, NEVER)), dtype=np.int64)
         if counts.shape != shape or age.shape != shape:
             raise ValueError("measurements/age: must have the shape of seconds")
+        self.probe_price.load(table.get("probe_extra"))
         self._active = np.maximum.accumulate(np.maximum.accumulate(sec, axis=1), axis=0)
         self._active_count = counts
         self._active_age = age

@@ -113,7 +113,7 @@ class BlockSizeController:
         self.estimator = GoodputEstimator(cfg, cost, self._cands, self.requests)
         self.rule = WidthRule(cfg, cost, self._cands)
         self.exploration = Exploration(cfg, cost, self._cands)
-        self.probes = ProbeSchedule(cfg, self.max_block)
+        self.probes = ProbeSchedule(cfg, self.max_block, cost)
         self.overlay = RaggedOverlay(cfg, cost, self._cands)
         self.steps_decided = 0
         self.skipped_probe_timings = 0
@@ -162,7 +162,8 @@ class BlockSizeController:
     def observe_step_time(self, batch_size: int, block_size: int, seconds: float, *, probe: bool = False) -> None:
         """Rank 0 only: fold a measured step time into the cost learner (not into decisions until a sync).
 
-        A probe (``Decision.probe``: a full draft width b alone would not have run) is not b's cost and is skipped.
+        A probe (``Decision.probe``: a full draft width b alone would not have run) is not b's cost: what it adds
+        over b's price is the probe's (probe_price.py).
         """
         if not self.is_rank0:
             raise RuntimeError(
@@ -170,6 +171,7 @@ class BlockSizeController:
             )
         if probe:
             self.skipped_probe_timings += 1
+            self.cost_model.observe_probe(batch_size, block_size, seconds)
             return
         self.cost_model.observe(batch_size, block_size, seconds)
 

@@ -7,8 +7,11 @@ it may pay (docs/ADAPTIVE.md holds the evidence for the intervals and thresholds
 
 Contract (adaptive mode, ``probe_interval`` > 0, a drafter block above 1; a step that drafts the full block
 anyway is never a probe and restarts the count):
-  * far: a probe every ``probe_interval`` x min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS)) steps: one probe
-    observes every request of the batch, so a larger batch needs fewer.
+  * far: a probe every ``probe_interval`` x min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS)) steps (one probe
+    observes every request of the batch, so a larger batch needs fewer), and never more often than keeps the
+    probes' measured extra time (probe_price.py, through the cost model) within ``probe_budget`` of the time of
+    the steps between them at the current width: the bound on what probing costs a workload whose drafts are
+    never accepted. Until a probe has been measured, the count alone.
   * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's and a
     wider width's expected tokens exceed the current width's by more than ``hysteresis`` (drafts never accepted:
     the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near
@@ -24,9 +27,12 @@ Invariants: depends only on the estimate and the call sequence (identical on eve
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .config import ControllerConfig
+from .cost_model import CostModel
 from .width_rule import Choice
 
 # the far interval's stretch: x min(PROBE_STRETCH_MAX, batch // PROBE_ROWS)
@@ -40,21 +46,28 @@ PROBE_SURPRISE = 0.05
 class ProbeSchedule:
     """Whether this step probes (module contract)."""
 
-    def __init__(self, cfg: ControllerConfig, max_block: int) -> None:
+    def __init__(self, cfg: ControllerConfig, max_block: int, cost: CostModel | None = None) -> None:
         self.cfg = cfg
+        self.cost = cost
         self.enabled = cfg.mode == "adaptive" and cfg.probe_interval > 0 and max_block > 1
         self._since_draft = 0
         self._backoff = 0  # near probes so far that left the acceptance evidence no higher (doubling)
         self._excursion_from: int | None = None  # the width an exploration left, while it is away from it
         self._evidence = float("inf")  # the acceptance evidence at the last probe
 
-    def far_interval(self, bs: int) -> int:
-        return self.cfg.probe_interval * min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS))
+    def far_interval(self, bs: int, k: int | None = None) -> int:
+        """Steps between far probes at batch size ``bs`` and candidate ``k`` (the current width's price)."""
+        steps = self.cfg.probe_interval * min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS))
+        extra = self.cost.probe_seconds(bs) if self.cost is not None and k is not None else None
+        if extra:
+            step = float(self.cost.row(bs)[k])
+            steps = max(steps, math.ceil(extra / (self.cfg.probe_budget * step)))
+        return steps
 
     def _interval(self, good: np.ndarray, tokens: np.ndarray, k: int, bs: int) -> tuple[int, float]:
         """(steps between probes at candidate ``k``, the acceptance evidence)."""
         cfg = self.cfg
-        far = self.far_interval(bs)
+        far = self.far_interval(bs, k)
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
             evidence = float(tokens[k + 1:].max()) / float(tokens[k])
             # near only where drafting could win: a wider width's goodput close AND its tokens past hysteresis
@@ -91,7 +104,7 @@ class ProbeSchedule:
             probe = self._since_draft + 1 >= interval
             if probe:
                 self._evidence = evidence
-                if interval < self.far_interval(bs):  # a near probe below the cap: the next one waits longer
+                if interval < self.far_interval(bs, choice.k):  # a near probe below the cap: the next waits longer
                     self._backoff += 1
         self._since_draft = 0 if (draft_full or probe) else self._since_draft + 1
         return probe

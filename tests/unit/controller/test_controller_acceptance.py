@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,6 +97,21 @@ def test_step_decay_relaxes_toward_prior_without_moving_the_ratio() -> None:
     after = s.request_p(np.array([1]))[0, 0]
     assert after < before  # evidence faded: back toward the (global -> prior) estimate
     assert np.allclose(s.a_r[:, 1] / s.n_r[:, 1], 1.0)
+
+
+def test_a_class_keeps_its_global_estimate_through_steps_that_observe_nothing() -> None:
+    """The global estimate is a new request's prior: a stretch at width 1 (steps, no observations) must not fade the
+    evidence that drafts are never accepted back to the flat prior; the next observed step decays it once."""
+    s = AcceptanceStats(4, decay=0.5, global_decay=0.5, capacity=4)
+    s.observe(np.full(20, 1), np.zeros(20, dtype=int), np.full(20, 3))  # twenty drafts, none accepted
+    fresh = np.array([2])  # a slot with no counts of its own reads the global estimate
+    before = s.request_p(fresh)[0, 0]
+    assert before < 0.1
+    for _ in range(200):
+        s.step(np.array([1]))
+    assert s.request_p(fresh)[0, 0] == pytest.approx(before)
+    s.observe(np.array([1]), np.array([3]), np.array([3]))  # an observed step: old counts halve, then it is added
+    assert s.n_g[0] == pytest.approx(20 * 0.5 + 1) and s.a_g[0] == pytest.approx(1.0)
 
 
 @settings(max_examples=5, deadline=None)

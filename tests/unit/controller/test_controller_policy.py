@@ -611,6 +611,39 @@ def test_drafts_never_accepted_probe_at_the_far_interval_only() -> None:
     assert len(_width1_probes(every=5)) > 3
 
 
+def test_far_probes_take_at_most_the_probe_budget_of_decode_time_once_their_price_is_measured() -> None:
+    """Drafts never accepted: a probe is pure cost. Once a probe's extra time is measured (its step time less width
+    1's, broadcast with the cost table), far probes are spaced so that it stays within ``probe_budget`` of the time
+    of the steps between them -- a probe that costs three width-1 steps at a budget of 1 % comes once in 300
+    steps, not once in 32 -- and a cheap probe keeps the count's spacing."""
+
+    def spacing(extra_steps: float) -> list[int]:
+        cfg = ControllerConfig(mode="adaptive", probe_interval=32, probe_near_interval=4, explore_margin=0.0,
+                               probe_budget=0.01)
+        ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.013, 4: 0.02, 8: 0.04, 16: 0.08}))
+        for _ in range(40):
+            feed(ctrl, ["a"], np.array([0]), 16)
+        probes, t = [], 0.0
+        for step in range(700):
+            d = ctrl.decide(["a"])
+            assert d.block_size == 1
+            seconds = 0.010 * (1 + extra_steps) if d.probe else 0.010
+            t += seconds
+            if d.probe:
+                probes.append(step)
+            ctrl.observe_step_time(1, 1, seconds, probe=d.probe)
+            feed(ctrl, ["a"], np.array([0]), 1, full_draft=d.draft_full)
+            ctrl.sync_cost_table()
+        return probes
+
+    costly = spacing(3.0)
+    assert costly[0] == 31  # nothing measured yet: the count
+    gaps = np.diff(costly)
+    assert len(costly) >= 2 and (gaps >= 300).all()
+    assert 3.0 * 0.010 * (len(costly) - 1) <= 0.01 * 0.010 * (costly[-1] - costly[0]) * 1.05  # the budget holds
+    assert np.diff(spacing(0.2)).tolist()[:3] == [32, 32, 32]  # 0.2 steps' worth within 1 % at the count's spacing
+
+
 def tree_controller(extra_cost: float = 0.1) -> BlockSizeController:
     """Chains 1 and 16 and a tree of 31 prefixes (width 32) whose step costs ``extra_cost`` more than chain 16's."""
     cands = (1, 16, 32)
