@@ -33,6 +33,7 @@ class ProbePrice:
         self.ema = float(ema)
         self._est = np.full(len(self.batch_buckets), np.nan)
         self._active = self._est.copy()
+        self._cache: dict[int, float | None] = {}  # batch size -> price, until the next load (asked every step)
 
     def observe(self, bucket: int, extra: float) -> None:
         if not (0 <= bucket < len(self.batch_buckets)) or not math.isfinite(extra):
@@ -46,6 +47,7 @@ class ProbePrice:
 
     def load(self, values: Sequence[float | None] | None) -> None:
         """Make an ``export()`` result active; None or a missing list (a table from before probe prices) clears."""
+        self._cache.clear()
         if values is None:
             self._active = np.full(len(self.batch_buckets), np.nan)
             return
@@ -58,6 +60,11 @@ class ProbePrice:
 
     def seconds(self, batch_size: int, bucket: int) -> float | None:
         """The loaded price of a probe at ``batch_size`` (its bucket index ``bucket``, clamped to the table)."""
+        if batch_size not in self._cache:
+            self._cache[batch_size] = self._price(batch_size, bucket)
+        return self._cache[batch_size]
+
+    def _price(self, batch_size: int, bucket: int) -> float | None:
         measured = np.flatnonzero(np.isfinite(self._active))
         if measured.size == 0:
             return None

@@ -104,7 +104,7 @@ class ProbeSchedule:
             probe = self._since_draft + 1 >= interval
             if probe:
                 self._evidence = evidence
-                if interval < self.far_interval(bs, choice.k):  # a near probe below the cap: the next waits longer
+                if interval < self.far_interval(bs, choice.k):  # a near probe below the cap: the next one waits longer
                     self._backoff += 1
         self._since_draft = 0 if (draft_full or probe) else self._since_draft + 1
         return probe

@@ -141,8 +141,9 @@ def residual_shift(resid: np.ndarray, counts: np.ndarray, buckets: Sequence[int]
             continue
         wt = counts[i, k].astype(float)
         xs, ys = x[k], resid[i, k]
-        mean_x[i], mean_r[i] = np.average(xs, weights=wt), np.average(ys, weights=wt)
-        if np.unique(xs).size >= 2:
+        total = wt.sum()
+        mean_x[i], mean_r[i] = float(wt @ xs) / total, float(wt @ ys) / total
+        if xs.size >= 2:  # the block sizes are distinct: two measured widths fit a line
             dx = xs - mean_x[i]
             slope[i] = max(0.0, float(np.sum(wt * dx * (ys - mean_r[i])) / np.sum(wt * dx * dx)))
     have = np.isfinite(mean_r)
