@@ -21,26 +21,13 @@ DEFERRED_APPEND_BYTES = 64 << 20
 class DeferredAppend:
     """One deferred draft-KV append, not yet written: target features and where the draft KV keeps them (draft-pool
     ids and positions), one row per committed token -- a width-1 step's (one per request) or a prefill's prompt
-    context (one per prompt token) --, and whose rows they are: (rid, rows) in row order."""
+    context (one per prompt token) --, and each row's owner: the tenure (DraftKV's number for a request holding its
+    slots) the row was kept for."""
 
     hidden: torch.Tensor  # [n, D]
     cache_loc: torch.Tensor  # [n] draft-pool KV slots
     positions: torch.Tensor  # [n]
-    rows: tuple[tuple[str, int], ...]
-
-    def without(self, gone: set[str]) -> "DeferredAppend | None":
-        """The rows of requests not in ``gone``; None when none is left."""
-        flags = [rid not in gone for rid, _ in self.rows]
-        if all(flags):
-            return self
-        if not any(flags):
-            return None
-        # one host-built row mask: a device-side boolean mask would sync to size its result
-        keep = torch.repeat_interleave(torch.tensor(flags), torch.tensor([n for _, n in self.rows]))
-        idx = keep.nonzero().view(-1).to(self.cache_loc.device, non_blocking=True)
-        return DeferredAppend(self.hidden.index_select(0, idx), self.cache_loc.index_select(0, idx),
-                              self.positions.index_select(0, idx),
-                              tuple(r for r, f in zip(self.rows, flags) if f))
+    owners: torch.Tensor  # [n] int64, host
 
 
 def _owns_its_slots(req: Any, kv: Any, pool_idx: Any) -> bool:
@@ -56,10 +43,11 @@ class DraftKV:
 
     Deferred appends (width-1 steps, ``defer``; a prefill's prompt context, ``defer_prompt``) are written in one
     pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
-    none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), the rows of a
-    request that has left (finished, aborted, retracted: its slots may be handed on, and one pass never writes a
-    slot twice) are written at once when its slots may live on in the prefix cache (``keep_left``), else dropped:
-    nobody reads them. So a request that never drafts pays no prompt context at its prefill, and none at all
+    none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), a request that has
+    left (finished, aborted, retracted: its slots may be handed on) ends its tenure: with ``keep_left`` (its slots
+    may live on in the prefix cache) every pending row is written at once, before a new owner's; without, its rows
+    are never written -- the next flush leaves them out, so no pass writes a slot twice and no row lands in a slot
+    that has moved on. So a request that never drafts pays no prompt context at its prefill, and none at all
     without a prefix cache; the draft KV a draft reads is what per-step appends write (tested against ``defers``
     off: every step and every prefill written at once, the reference)."""
 
@@ -69,7 +57,11 @@ class DraftKV:
         self.defers = defers
         self.keep_left = keep_left
         self._pending: list[DeferredAppend] = []
-        self._owners: dict[str, tuple[Any, Any, Any]] = {}  # rid -> (Req, its KV record, its request-pool row)
+        # rid -> (Req, its KV record, its request-pool row, tenure): the slots a request held when its first pending
+        # row was kept, numbered so that a re-admitted request's new rows are not its old ones
+        self._owners: dict[str, tuple[Any, Any, Any, int]] = {}
+        self._tenures = 0
+        self._ended: list[int] = []  # tenures of requests that left, whose pending rows are never written
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
         self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
@@ -102,22 +94,29 @@ class DraftKV:
                     positions=positions.reshape(-1))
 
     def _keep(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
-              reqs: Sequence[Any], counts: Sequence[int]) -> None:
+              reqs: Sequence[Any], counts: Sequence[int] | None) -> None:
+        tenures = []
+        for r in reqs:
+            owner = self._owners.get(r.rid)
+            if owner is None:
+                self._tenures += 1
+                owner = self._owners[r.rid] = (r, r.kv, r.kv.req_pool_idx, self._tenures)
+            tenures.append(owner[3])
+        owners = torch.tensor(tenures, dtype=torch.int64)
+        if counts is not None:
+            owners = torch.repeat_interleave(owners, torch.tensor(counts, dtype=torch.int64))
         # copies: a CUDA graph's output buffer is overwritten by the next replay (the CPU's eager forward returns
         # new features every step: kept as they are)
         self._pending.append(DeferredAppend(hidden if self._compact else hidden.clone(),
                                             cache_loc.to(torch.int64, copy=True),
-                                            positions.to(torch.int64, copy=True),
-                                            tuple((r.rid, int(n)) for r, n in zip(reqs, counts))))
+                                            positions.to(torch.int64, copy=True), owners))
         self._rows += int(cache_loc.numel())
         self._bytes += hidden.numel() * hidden.element_size()
-        for r in reqs:  # the slots a request held when its first pending row was kept
-            self._owners.setdefault(r.rid, (r, r.kv, r.kv.req_pool_idx))
 
     def defer(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
               reqs: Sequence[Any]) -> None:
         """Keep a width-1 step's append ([bs, D], [bs], [bs]; ``reqs`` its batch's requests) for the next flush."""
-        self._keep(hidden, cache_loc, positions, reqs, [1] * len(reqs))
+        self._keep(hidden, cache_loc, positions, reqs, None)
 
     def defer_prompt(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
                      reqs: Sequence[Any], extend_lens: Sequence[int]) -> bool:
@@ -132,25 +131,19 @@ class DraftKV:
         return True
 
     def before_forward(self) -> None:
-        """Before any forward, once a request no longer owns its slots: with ``keep_left`` every pending row is
-        written (every row is written sooner or later there: for a draft, or when its request leaves; one pass is
-        cheaper than picking the left requests' rows out of every pending step), else the left requests' rows are
-        dropped and the others stay pending."""
+        """Before any forward: a request that no longer owns its slots ends its tenure. With ``keep_left`` every
+        pending row is written now (every row is written sooner or later there: for a draft, or when its request
+        leaves); without, its rows are marked never to be written (the next flush leaves them out)."""
         if not self._pending:
             return
-        gone = {rid for rid, o in self._owners.items() if not _owns_its_slots(*o)}
+        gone = [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]
         if not gone:
             return
         if self.keep_left:
             self.flush()
             return
-        kept = [k for k in (d.without(gone) for d in self._pending) if k is not None]
         for rid in gone:
-            del self._owners[rid]
-        rows = sum(int(d.cache_loc.numel()) for d in kept)
-        self.rows_dropped += self._rows - rows
-        self._pending, self._rows = kept, rows
-        self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in kept)
+            self._ended.append(self._owners.pop(rid)[3])
 
     def end_width1_step(self) -> None:
         """After a width-1 step: flush once DEFERRED_APPEND_BYTES are pending."""
@@ -158,19 +151,24 @@ class DraftKV:
             self.flush()
 
     def flush(self) -> None:
-        """Write the deferred appends in one pass (the writer a per-step append uses)."""
+        """Write the deferred appends in one pass (the writer a per-step append uses), but the rows of tenures that
+        ended (``before_forward``)."""
         if not self._pending:
             return
         steps, self._pending, self._rows, self._bytes = self._pending, [], 0, 0
+        ended, self._ended = self._ended, []
         self._owners.clear()
-        self._write_rows(steps)
-
-    def _write_rows(self, steps: list[DeferredAppend]) -> None:
-        if not steps:
-            return
         hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
         cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc
         positions = torch.cat([d.positions for d in steps]) if len(steps) > 1 else steps[0].positions
+        if ended:
+            owners = torch.cat([d.owners for d in steps]) if len(steps) > 1 else steps[0].owners
+            keep = torch.isin(owners, torch.tensor(ended, dtype=torch.int64), invert=True).nonzero().view(-1)
+            self.rows_dropped += int(owners.numel()) - int(keep.numel())
+            if keep.numel() == 0:
+                return
+            keep = keep.to(cache_loc.device, non_blocking=True)  # built on the host: no device sync to size it
+            hidden, cache_loc, positions = (t.index_select(0, keep) for t in (hidden, cache_loc, positions))
         n = int(cache_loc.numel())
         self.append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
                     torch.ones(n, dtype=torch.int32, device=cache_loc.device))

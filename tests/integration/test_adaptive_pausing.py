@@ -20,11 +20,15 @@ PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
 
 @pytest.fixture(scope="module")
 def pausing_servers(module_server_factory, tiny_pair):
-    """(deferred, eager): the same pausing cycle, width-1 draft-KV appends deferred (the product) or written every
-    step (the reference, names.EAGER_APPEND). The cycle position is the server's step count: every test sends both
-    the same requests in the same order, so they stay in step."""
+    """(deferred, deferred without a prefix cache, eager): the same pausing cycle, width-1 draft-KV appends
+    deferred (the product; without a prefix cache a request that leaves mid-pause has its rows dropped, never
+    written, and its slots go to the next request) or written every step (the reference, names.EAGER_APPEND). The
+    cycle position is the server's step count: every test sends all of them the same requests in the same order,
+    so they stay in step."""
     cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 16], cycle_pattern=PAUSES)
+    no_cache = {**cfg, "sglang_args": {**cfg.get("sglang_args", {}), "disable_radix_cache": True}}
     return (module_server_factory(cfg, "adaptive-pausing"),
+            module_server_factory(no_cache, "adaptive-pausing-no-prefix-cache"),
             module_server_factory(cfg, "adaptive-pausing-eager", env={"DFLASH_SERVE_EAGER_DRAFT_APPEND": "1"}))
 
 
@@ -39,12 +43,11 @@ def test_greedy_equals_plain_across_speculation_off_on_transitions(pausing_serve
 def test_acceptance_after_resuming_equals_acceptance_never_paused(pausing_servers, prompt_ids):
     """Deferred appends leave the draft KV exactly as per-step appends do: every request accepts the same drafts
     at the same steps on both servers (same greedy outputs, same deterministic width sequence)."""
-    deferred, eager = pausing_servers
     seen = []
-    for server in (deferred, eager):
+    for server in pausing_servers:
         out = [server.generate(ids, max_new_tokens=MAX_NEW, temperature=0) for ids in prompt_ids]
         out.append(server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0))  # a batch too
         seen.append([(r["output_ids"], r["meta_info"]["spec_verify_ct"], r["meta_info"]["spec_num_correct_drafts"])
                      for r in (out[:-1] + out[-1])])
-    assert seen[0] == seen[1]
+    assert seen[0] == seen[2] and seen[1] == seen[2]
     assert sum(c for _, _, c in seen[0]) > len(seen[0]) * 4, "few drafts accepted: resumption barely exercised"

@@ -66,19 +66,32 @@ def test_prompt_contexts_and_width1_rows_wait_for_the_next_draft_and_arrive_whol
     assert d.pending_rows == 0
 
 
-def test_without_a_prefix_cache_a_left_requests_rows_are_dropped_and_the_others_keep_waiting() -> None:
+def test_without_a_prefix_cache_a_left_requests_rows_are_never_written_and_the_others_keep_waiting() -> None:
     d, rec = kv(keep_left=False)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"  # a leaves: its slots 10-12 may be handed to the next prefill
     d.before_forward()
-    assert d.pending_rows == 2 and rec.written() == {}  # b's two rows still wait; a's are nobody's
-    assert d.rows_dropped == 3
+    assert rec.written() == {}  # b's rows still wait; a's are nobody's
     c = Req("c", 0)  # takes a's request-pool row and slots
     d.defer_prompt(*rows([10, 11]), [c], [2])
     d.flush()
     assert rec.written() == {10: (0, 10.0), 11: (1, 11.0), 20: (2, 20.0), 21: (3, 21.0)}  # c's rows and b's
+    assert d.rows_dropped == 3 and d.pending_rows == 0
+
+
+def test_a_readmitted_request_keeps_its_new_rows_and_loses_its_old_ones() -> None:
+    """Retracted and admitted again under the same request id: the rows kept before are its old slots', never
+    written; the rows kept since are its own."""
+    d, rec = kv(keep_left=False)
+    a = Req("a", 0)
+    d.defer(*rows([10]), [a])
+    a.kv = SimpleNamespace(req_pool_idx=5)  # re-admitted: a new KV record, new slots
+    d.before_forward()
+    d.defer(*rows([50], 7), [a])
+    d.flush()
+    assert rec.written() == {50: (7, 50.0)} and d.rows_dropped == 1
 
 
 def test_with_a_prefix_cache_a_request_that_leaves_has_every_pending_row_written_before_its_slots_move_on() -> None:
