@@ -306,7 +306,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         parameters. The draft KV already written for running requests and cached prefixes is kept, neither rebuilt
         (the target's hidden states it came from are gone) nor invalidated: the next drafts of those requests read a
         context the old drafter wrote; every draft is still verified by the target, so the output is unchanged
-        (tests/integration/test_learning_swap.py). The controller's acceptance priors start again from the flat
+        (tests/integration/test_learning.py). The controller's acceptance priors start again from the flat
         prior."""
         if getattr(self, "_fused_kv_helper", None) is not None:
             self._init_fused_kv_helper()
