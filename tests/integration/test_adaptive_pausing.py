@@ -21,8 +21,8 @@ PAUSES = [1, 16] + [1] * 4 + [16] + [1] * 20 + [16, 16]
 @pytest.fixture(scope="module")
 def pausing_servers(module_server_factory, tiny_pair):
     """(deferred, deferred without a prefix cache, eager): the same pausing cycle, width-1 draft-KV appends
-    deferred (the product; without a prefix cache a request that leaves mid-pause has its rows dropped, never
-    written, and its slots go to the next request) or written every step (the reference, names.EAGER_APPEND). The
+    deferred (the product; without a prefix cache, the path where a request that leaves with rows pending has them
+    left out of the next flush) or written every step (the reference, names.EAGER_APPEND). The
     cycle position is the server's step count: every test sends all of them the same requests in the same order,
     so they stay in step."""
     cfg = adaptive_config(tiny_pair, mode="cycle", candidates=[1, 16], cycle_pattern=PAUSES)
