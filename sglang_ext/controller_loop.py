@@ -64,7 +64,7 @@ class Metrics(Protocol):
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
-                    widths: Sequence[int] | None = None) -> None: ...
+                    widths: Sequence[int] | None = None, plain: bool = False) -> None: ...
 
     def record_step_time(self, block_size: int, seconds: float) -> None: ...
 
@@ -98,6 +98,7 @@ class LaunchedStep:
     committed: HostArray  # [bs, b]: accepted drafts then the bonus token, per request (a tree step: [bs, B])
     tree_path: HostArray | None = None  # a tree step (width > B): [bs, B - 1] walked node indices, -1 past the end
     # (drafted: the tree's greedy chain)
+    plain: bool = False  # a width-1 step run as plain decoding (steps/plain.py)
 
 
 class ControllerLoop:
@@ -220,7 +221,7 @@ class ControllerLoop:
         if self.metrics is not None:
             self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
                                      predicted_goodput=d.predicted_goodput, probe=d.probe,
-                                     tree_budget=budget, tree_extra=extra, widths=d.widths)
+                                     tree_budget=budget, tree_extra=extra, widths=d.widths, plain=step.plain)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

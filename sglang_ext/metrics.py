@@ -37,6 +37,11 @@ steps late, and before a finished request's answer:
                                           in dflash_block_size_steps_total). Share of the steps:
                                           rate(dflash_ragged_steps_total[5m]) / (rate(dflash_ragged_steps_total[5m])
                                             + sum without (block_size) (rate(dflash_block_size_steps_total[5m])))
+  dflash_plain_decode_steps_total         width-1 steps run as plain decoding (the target's decode forward and
+                                          SGLang's sampler; the rest verify at width 1: GPU, hybrid targets, batches
+                                          with penalties, grammars, logprobs). Share of width-1 steps:
+                                          rate(dflash_plain_decode_steps_total[5m])
+                                            / rate(dflash_block_size_steps_total{block_size="1"}[5m])
   dflash_ragged_request_steps_total{block_size}
                                           request-steps verified at width b inside ragged steps. Mix of widths:
                                           sum by (block_size) (rate(dflash_ragged_request_steps_total[5m]))
@@ -125,6 +130,7 @@ class _Counted:
         self.tree_steps: Counter[int] = Counter()  # by budget
         self.tree_extra: Counter[int] = Counter()
         self.ragged = 0
+        self.plain = 0  # width-1 steps run as plain decoding
         self.ragged_widths: Counter[int] = Counter()
         self.step_times: dict[int | str, list[float]] = {}
         self.goodput: float | None = None
@@ -164,6 +170,9 @@ class DFlashMetrics:
         self.block_steps = {b: steps.labels(block_size=str(b), **labels) for b in candidates}
         self.ragged_steps = counter("dflash_ragged_steps", "Decode steps that verified a width per request").labels(
             **labels)
+        self.plain_steps = counter("dflash_plain_decode_steps",
+                                   "Width-1 decode steps run as plain decoding (target decode forward, SGLang's "
+                                   "sampler)").labels(**labels)
         ragged = counter("dflash_ragged_request_steps", "Request-steps verified at width b in ragged steps",
                          ["block_size"])
         self.ragged_request_steps = {b: ragged.labels(block_size=str(b), **labels) for b in candidates
@@ -233,7 +242,8 @@ class DFlashMetrics:
         # zero increments are not written (each write is an mmap write under a lock); every series exists from
         # start-up, so an unwritten one reads 0
         for counter, n in ((self.verify_steps, c.verify), (self.draft_tokens, c.draft), (self.accepted, c.accepted),
-                           (self.switches, c.switches), (self.ragged_steps, c.ragged)):
+                           (self.switches, c.switches), (self.ragged_steps, c.ragged),
+                           (self.plain_steps, c.plain)):
             if n:
                 counter.inc(n)
         for j in np.flatnonzero(c.tried_at):
@@ -254,12 +264,12 @@ class DFlashMetrics:
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
-                    widths: Sequence[int] | None = None) -> None:
+                    widths: Sequence[int] | None = None, plain: bool = False) -> None:
         """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
         drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
         tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
-        greedy chain's; ``widths``: a ragged step's width per request (``block_size`` the widest). Counted in
-        process, written every FLUSH_STEPS steps (``flush``)."""
+        greedy chain's; ``widths``: a ragged step's width per request (``block_size`` the widest); ``plain``: a width-1
+        step run as plain decoding. Counted in process, written every FLUSH_STEPS steps (``flush``)."""
         b, c = int(block_size), self._counted
         n = int(accepted.shape[0])
         c.verify += n
@@ -288,6 +298,7 @@ class DFlashMetrics:
         else:
             c.by_width[b] += 1
             c.committed[1] += n  # a width-1 step commits one token per request
+            c.plain += plain
         if probe:
             c.probes[b] += 1
         if tree_budget is not None:

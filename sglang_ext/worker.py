@@ -3,8 +3,10 @@
 Each decode step the controller picks the verify width b from the batch (``ControllerLoop.begin_decode``,
 identically on every TP rank) and the step runs as one of four kinds (sglang_ext/steps/, docs/ARCHITECTURE.md §3):
 a chain at b <= B (``steps/chain.py``: the drafter over its full trained block B, or over the first b positions
-with prefix drafts), speculation off at b = 1 (``steps/width1.py``: a decode step, its draft-KV append deferred), a
-DDTree at b > B (``steps/tree.py``) and per-request widths (``steps/ragged.py``). Prefix drafts run where the draft
+with prefix drafts), speculation off at b = 1 (``steps/plain.py``: a plain decode step, decided at the batch's
+decode preparation under the non-overlap scheduler; else ``steps/width1.py``: the anchor verified alone; the
+draft-KV append deferred in both), a DDTree at b > B (``steps/tree.py``) and per-request widths
+(``steps/ragged.py``). Prefix drafts run where the draft
 runs eagerly (CPU): there the draft forward is compute, so a full-block draft would cost a narrow width nearly what
 the full width costs (docs/ADAPTIVE.md); GPU keeps the full block, whose draft CUDA graph is captured for B.
 
@@ -40,10 +42,12 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang_ext import names, refusals, support
 from sglang_ext.controller.policy import Decision, calibrated_widths
 from sglang_ext.controller_loop import ControllerLoop
+from sglang_ext.patches.plain_decode import PLAIN_ATTR
 from sglang_ext.settings import AdaptiveSettings, adaptive_settings
 from sglang_ext.steps.chain import decode_chain
 from sglang_ext.steps.context import StepContext, block_size_as
 from sglang_ext.steps.draft_kv import DraftKV
+from sglang_ext.steps.plain import after_plain_result, before_plain_result, decode_plain, plain_ready, prepare_plain
 from sglang_ext.steps.ragged import decode_ragged, ragged_serves
 from sglang_ext.steps.tree import decode_tree, tree_serves
 from sglang_ext.steps.width1 import decode_width1
@@ -99,6 +103,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                                 defers=os.environ.get(names.EAGER_APPEND) != "1",
                                 keep_left=not get_memory().disable_radix_cache)
         self._prefill = None  # the prefill batch upstream is running (its prompt context is kept, not written)
+        self._ahead: tuple[list[str], Decision] | None = None  # decided at decode preparation (prepare_decode)
         if os.environ.get(names.TRITON_ON_CPU) == "1":
             self._take_triton_branches_on_cpu()
         if self.selector is not None:
@@ -244,10 +249,47 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         return accept_len, commit_lens, bonus, out_tokens, new_seq_lens
 
     # -- the decode step ---------------------------------------------------------------------------------------
+    def prepare_decode(self, batch) -> bool:
+        """The step's decision, taken at the batch's decode preparation (patches/plain_decode.py: SGLang's
+        non-overlap scheduler, before it reserves the step's KV) and kept for its forward. True: the step runs as
+        plain decoding (steps/plain.py: width 1 without a draft, on a batch plain decoding serves alike), and the
+        batch is prepared for it -- SGLang's own preparation must not run."""
+        d = self._decide(batch, [req.rid for req in batch.reqs], time.perf_counter(), keep=True)
+        if d.block_size == 1 and not d.draft_full and d.widths is None and plain_ready(self, batch):
+            prepare_plain(batch)
+            return True
+        return False
+
+    def before_plain_result(self, scheduler, batch) -> None:
+        """Before SGLang processes a plain step's result: its counters, and the controller's feedback."""
+        before_plain_result(scheduler, batch)
+        self.on_verify_complete_cpu([0] * batch.batch_size(), batch_size=batch.batch_size())
+
+    def after_plain_result(self, batch, result) -> None:
+        """After SGLang processed a plain step's result: the batch speculative again."""
+        after_plain_result(batch, result)
+
+    def _decide(self, batch, rids: list[str], now: float, *, keep: bool = False) -> Decision:
+        """The decision taken ahead for these requests, or the controller's now (kept for the forward: ``keep``)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == rids:
+            return ahead[1]
+        decision = self.loop.begin_decode(rids, now, trees=self._trees and tree_serves(batch),
+                                          sampled=_sampled(batch),
+                                          ragged=self._ragged and ragged_serves(self, batch))
+        if keep:
+            self._ahead = (rids, decision)
+        return decision
+
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         now = time.perf_counter()
         mode = batch.forward_mode
         self.draft_kv.before_forward()  # a request that left may hand its slots to this forward
+        if getattr(batch, PLAIN_ATTR, None) is not None and mode.is_decode():  # prepared as plain decoding
+            rids = [req.rid for req in batch.reqs]
+            decision = self._decide(batch, rids, now)
+            ctx = StepContext(self, batch, rids, decision, None, len(batch.reqs), on_publish, grammar_barrier)
+            return decode_plain(ctx)
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
             self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
             self._prefill = batch
@@ -258,8 +300,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                 self._prefill = None
         self._validate_phase1_sampling_support(batch)
         rids = [req.rid for req in batch.reqs]
-        decision = self.loop.begin_decode(rids, now, trees=self._trees and tree_serves(batch),
-                                          sampled=_sampled(batch), ragged=self._ragged and ragged_serves(self, batch))
+        decision = self._decide(batch, rids, now)
         self._verify_runtimes.activate(decision.block_size)
         return self._decode(batch, rids, decision, on_publish, grammar_barrier)
 

@@ -22,6 +22,7 @@ ALL_DEVICES: tuple[tuple[str, str], ...] = (
     ("verify_sampling", "DFlash verify samples as plain decoding: per-row penalties, min_new_tokens, min_p"),
     ("dflash_headroom", "req_to_token rows wide enough for DFlash's 2-block decode reserve"),
     ("abort_finish", "the worker told of requests the scheduler aborts itself (retraction, queue)"),
+    ("plain_decode", "width-1 steps scheduled, run and processed as plain decode steps (non-overlap)"),
     ("capture_finish", "finished requests' token ids to the capture store (learning: on only)"),
     ("drafter_swap", "the worker told when its drafter's weights were replaced (learning hot swap)"),
     ("idle_metrics", "idle gauges published on the first idle pass"),

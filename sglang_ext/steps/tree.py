@@ -41,8 +41,11 @@ def tree_serves(batch: Any) -> bool:
         return False
     if si is None:
         return True
+    # the forward's copy carries the scheduler's orchestrator aside (patches/verify_sampling.py); the scheduler's
+    # own batch (a decision taken at decode preparation) has it in place
+    orchestrator = getattr(si, ORCHESTRATOR, None) or si.penalizer_orchestrator
     return not (si.has_custom_logit_processor or si.sampling_mask_batch_indices is not None
-                or verify_rows.active_penalizers(getattr(si, ORCHESTRATOR, None)))
+                or verify_rows.active_penalizers(orchestrator))
 
 
 def decode_tree(ctx: StepContext) -> GenerationBatchResult:

@@ -1,5 +1,6 @@
-"""Speculation off (b = 1 without a draft): verify the anchor alone in the first slot of the window -- a decode
-step -- and defer the draft-KV append (draft_kv.DraftKV)."""
+"""Speculation off (b = 1 without a draft) where it cannot be a plain decode step (steps/plain.py: GPU, overlap
+scheduling, batches with penalties, grammars or logprobs): verify the anchor alone in the first slot of the window
+and defer the draft-KV append (draft_kv.DraftKV)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

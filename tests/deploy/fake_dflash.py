@@ -30,6 +30,7 @@ CONTRACT = {
     "dflash_tree_steps_total": ("counter", ("budget",)),
     "dflash_tree_extra_tokens_total": ("counter", ("budget",)),
     "dflash_ragged_steps_total": ("counter", ()),
+    "dflash_plain_decode_steps_total": ("counter", ()),
     "dflash_ragged_request_steps_total": ("counter", ("block_size",)),
     "dflash_block_size": ("gauge", ()),
     "dflash_live_request_states": ("gauge", ()),
@@ -101,6 +102,7 @@ class FakeDFlash:
         self.steps += 1
         probe = (b == 1 and self.width1_steps % 4 == 0) or (1 < b < 16 and self.steps % 32 == 0)
         m["dflash_probe_steps_total"].labels(**lab, block_size=str(b)).inc(probe)  # width 1 every 4, others every 32
+        m["dflash_plain_decode_steps_total"].labels(**lab).inc(b == 1 and not probe)  # width 1 without a draft
         tree = b > 16  # a width above the drafter's block verifies a tree of b - 1 prefixes
         m["dflash_tree_steps_total"].labels(**lab, budget="31").inc(tree)
         m["dflash_tree_extra_tokens_total"].labels(**lab, budget="31").inc(self.rng.randint(0, batch) if tree else 0)

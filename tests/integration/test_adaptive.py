@@ -40,6 +40,11 @@ def delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
+def plain_steps(server) -> float:
+    """Width-1 steps the server ran as plain decode steps (steps/plain.py) so far."""
+    return sum(scrape(server, "dflash_plain_decode_steps_total").values())
+
+
 @pytest.fixture(scope="module")
 def scheduled_server(module_server_factory, tiny_pair):
     """Batch size n verifies at width WIDTHS[n - 1]: one server covers every fixed width."""
@@ -55,12 +60,14 @@ def cycling_server(module_server_factory, tiny_pair):
 
 def test_greedy_equals_plain_at_every_fixed_width(scheduled_server, plain_greedy, prompt_ids):
     before = by_label(scrape(scheduled_server, "dflash_block_size_steps_total"), "block_size")
+    plain_before = plain_steps(scheduled_server)
     for n, b in enumerate(WIDTHS, start=1):
         out = scheduled_server.generate(prompt_ids[:n], max_new_tokens=MAX_NEW, temperature=0)
         out = out if isinstance(out, list) else [out]
         assert [r["output_ids"] for r in out] == plain_greedy[:n], f"width {b} (batch {n}) changed the output"
     steps = delta(by_label(scrape(scheduled_server, "dflash_block_size_steps_total"), "block_size"), before)
     assert all(steps[str(b)] > 0 for b in WIDTHS), steps  # every width really ran
+    assert plain_steps(scheduled_server) - plain_before == steps["1"]  # width 1 ran as plain decoding, every step
 
 
 def test_greedy_equals_plain_switching_width_every_step(cycling_server, plain_greedy, prompt_ids):
@@ -70,6 +77,7 @@ def test_greedy_equals_plain_switching_width_every_step(cycling_server, plain_gr
     batched = cycling_server.generate(prompt_ids, max_new_tokens=MAX_NEW, temperature=0)
     assert [r["output_ids"] for r in batched] == plain_greedy
     assert sum(scrape(cycling_server, "dflash_block_size_switches_total").values()) > 100
+    assert plain_steps(cycling_server) > 20  # width 1 -> drafting -> width 1, through the plain decode step
 
 
 def test_sampling_is_lossless_while_switching_width(cycling_server, plain_server, tokenizer):
@@ -80,6 +88,7 @@ def test_sampling_is_lossless_while_switching_width(cycling_server, plain_server
     for pos in (1, 2):
         p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
         assert p > ALPHA, f"token {pos + 1} distribution differs between adaptive DFlash and plain (p={p:.2e})"
+    assert plain_steps(cycling_server) > 0  # the cycle's width-1 steps sampled through SGLang's sampler
 
 
 def test_counters_agree_with_sglang_per_request_accounting(cycling_server, prompt_ids):

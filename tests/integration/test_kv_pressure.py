@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness.server import http_json
-from tests.integration.test_adaptive import adaptive_config, by_label, scrape
+from tests.integration.test_adaptive import adaptive_config, by_label, plain_steps, scrape
 
 pytestmark = [pytest.mark.server]
 
@@ -74,7 +74,7 @@ def _ran_every_step_kind(server, kind: str) -> bool:
     if kind == "per-request":
         return sum(scrape(server, "dflash_ragged_steps_total").values()) > 0
     steps = by_label(scrape(server, "dflash_block_size_steps_total"), "block_size")
-    return all(steps.get(str(w), 0) > 0 for w in STEP_KINDS)
+    return all(steps.get(str(w), 0) > 0 for w in STEP_KINDS) and plain_steps(server) > 0  # width 1: plain steps
 
 
 def test_retraction_storm_loses_nothing_and_leaks_nothing(request, pressure_server, pressure_prompts, plain_outputs):
