@@ -10,7 +10,8 @@ call sites let such a step be a plain decode step (sglang_ext/steps/plain.py has
   * `Scheduler.update_running_batch`: while it runs, its `ScheduleBatch.prepare_for_decode` (its last call, after
     retraction) asks the worker for the step's decision first (`prepare_decode`); width 1 on a batch plain decoding
     serves alike makes the batch a plain decode batch there (`steps.plain.prepare_plain`) instead of reserving a
-    block. Only this call site: the mixed-chunk preparation in `get_new_batch_prefill` keeps the speculative path.
+    block. Only this call site: the mixed-chunk preparation in `get_new_batch_prefill` keeps the speculative path;
+    and only without overlap scheduling, pipeline stages or disaggregation.
   * `Scheduler.run_batch` needs nothing: a batch without a speculative algorithm takes its plain branch, which calls
     the same worker (`AdaptiveDFlashWorker.forward_batch_generation` recognises the batch and runs
     `steps.plain.decode_plain`).
@@ -54,7 +55,10 @@ def _patch_scheduler(scheduler: ModuleType) -> None:
     def make_update(original):
         def update_running_batch(self, batch):
             worker = _worker(self)
-            if worker is None or self.enable_overlap:
+            # the plain path of one scheduler, one pipeline stage, no disaggregation: the others relay or rebuild
+            # speculative state between stages and servers
+            if (worker is None or self.enable_overlap or self.pp_group.world_size > 1
+                    or getattr(self.disaggregation_mode, "value", "null") != "null"):
                 return original(self, batch)
             _preparing.append(worker)
             try:

@@ -69,6 +69,18 @@ CALLS = [
      ["draft_logits_output", "bs", "lm_head", "anchor_token_ids", "sampling_info"]),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._selector_sampling_accept",
      ["candidates", "next_token_logits", "candidate_ids", "q_rows", "sampling_info", "draft_input"]),
+    # a width-1 step as plain decoding (steps/plain.py, patches/plain_decode.py)
+    ("sglang.srt.mem_cache.allocation_sizing:page_aligned_decode_alloc_lens", ["reqs", "reserve", "page_size"]),
+    ("sglang.srt.mem_cache.allocation:alloc_for_spec_decode",
+     ["tree_cache", "req_to_token_pool", "reqs", "req_pool_indices", "cur_kv_lens", "cur_kv_lens_cpu", "nxt_kv_lens",
+      "nxt_kv_lens_cpu", "num_needed_tokens", "batch"]),
+    ("sglang.srt.managers.tp_worker:TpModelWorker.forward_batch_generation",
+     ["batch", "capture_hidden_mode", "return_kv_loc_plan"]),
+    ("sglang.srt.speculative.draft_worker_common:make_draft_input_v2", ["bonus_tokens", "new_seq_lens"]),
+    ("sglang.srt.managers.scheduler_components.metrics_reporter:SchedulerMetricsReporter.update_spec_metrics",
+     ["bs", "num_correct_drafts", "num_accept_tokens"]),
+    ("sglang.srt.managers.scheduler:Scheduler.update_running_batch", ["batch"]),
+    ("sglang.srt.managers.scheduler:Scheduler.process_batch_result", ["batch", "result"]),
     # feedback hooks the scheduler calls on the worker
     ("sglang.srt.speculative.base_spec_worker:BaseSpecWorker.on_verify_complete_cpu",
      ["num_correct_drafts_per_req", "batch_size"]),
@@ -85,6 +97,16 @@ SOURCES = [
     ("sglang.srt.managers.schedule_batch:Req.reset_for_retract", "self.is_retracted = True"),
     ("sglang.srt.managers.schedule_batch:Req.detach_kv", "kv, self.kv = self.kv, ReqKvInfo()"),
     ("sglang.srt.managers.schedule_batch:Req.finished", "return self.finished_reason is not None"),
+    # a plain decode step: the running batch's decode preparation is update_running_batch's last call (after
+    # retraction); run_batch's plain branch calls the same worker; the plain result path keys on the batch's own
+    # algorithm; the plain preparation's slot bookkeeping is what alloc_for_decode_default keeps
+    ("sglang.srt.managers.scheduler:Scheduler.update_running_batch", "batch.prepare_for_decode()\n        return batch"),
+    ("sglang.srt.managers.scheduler:Scheduler.run_batch",
+     "batch_result = self.model_worker.forward_batch_generation(\n                    batch, **kwargs"),
+    ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor.process_batch_result_decode",
+     "if not batch.spec_algorithm.is_none():\n            self.metrics_reporter.update_spec_metrics("),
+    ("sglang.srt.mem_cache.allocation:alloc_for_decode_default", "req.kv.kv_committed_len += token_per_req"),
+    ("sglang.srt.managers.scheduler:Scheduler._forward_isolation", "snapshot_v2_full = not batch.spec_algorithm.is_none()"),
     # the scheduler feeds accept counts to the worker after its copy-done sync (no sync of our own needed)
     ("sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
      "self.model_worker.on_verify_complete_cpu("),
