@@ -198,7 +198,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                 logger.warning(
                     "dflash-serve DFLASH_ADAPTIVE: verify CUDA graphs for widths %s were captured after the KV pool "
                     "was sized (SGLang's post-capture KV sizing, %s, is off for this configuration): their memory "
-                    "comes out of the headroom model.mem_fraction_static leaves. Lower mem_fraction_static or "
+                    "comes out of the headroom sglang_args.mem_fraction_static leaves. Lower it or "
                     "speculative.adaptive.candidates if start-up or the first requests run out of memory.",
                     self._verify_runtimes.extra_widths, names.SGLANG_POST_CAPTURE_KV_SIZING)
 

@@ -92,7 +92,7 @@ def prepare_plain(batch: Any) -> None:
         req.kv.kv_committed_len += 1
         req.decode_batch_idx += 1
     batch.seq_lens = committed + 1
-    batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+    batch.seq_lens_cpu = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else committed.cpu()) + 1
     batch.orig_seq_lens = batch.seq_lens
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
