@@ -265,11 +265,12 @@ def test_cpu_docker_config_is_the_embedded_default_in_a_container():
 
 
 def test_gpu_docker_config_is_the_gpu_example_with_hub_paths():
-    """gpu-qwen3-8b-docker.yaml = gpu-qwen3-8b.yaml with model paths that name their Hugging Face repositories."""
+    """gpu-qwen3-8b-docker.yaml = gpu-qwen3-8b.yaml (one folder layout: paths that name their Hugging Face
+    repositories), plus the fleet compose runs."""
     example = yaml.safe_load((CONFIGS / "gpu-qwen3-8b.yaml").read_text())
     docker = yaml.safe_load((CONFIGS / "gpu-qwen3-8b-docker.yaml").read_text())
-    example["model"]["path"] = "/models/Qwen/Qwen3-8B"
-    example["speculative"]["draft_model_path"] = "/models/z-lab/Qwen3-8B-DFlash-b16"
+    paths = [fetch_models.wanted(CONFIGS / name) for name in ("gpu-qwen3-8b.yaml", "gpu-qwen3-8b-docker.yaml")]
+    assert paths[0] == paths[1]
     docker.pop("fleet")  # where the compose fleet publishes its replicas (test_prometheus_finds_the_fleet)
     assert docker == example
 

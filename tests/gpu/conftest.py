@@ -1,6 +1,7 @@
-"""GPU suite: `DFLASH_GPU_TARGET=/models/Qwen3-8B DFLASH_GPU_DRAFTER=/models/Qwen3-8B-DFlash-b16 python3 -m pytest
-tests/gpu -s` on a machine with one CUDA GPU. Skipped everywhere else (CI is CPU-only). The kernel-level tests
-(test_tree_gpu.py) need no model pair: `python3 -m pytest tests/gpu/test_tree_gpu.py` on any CUDA GPU."""
+"""GPU suite: `DFLASH_GPU_TARGET=/models/Qwen/Qwen3-8B DFLASH_GPU_DRAFTER=/models/z-lab/Qwen3-8B-DFlash-b16
+python3 -m pytest tests/gpu -s` on a machine with one CUDA GPU. Skipped everywhere else (CI is CPU-only). The
+kernel-level tests (test_tree_gpu.py) need no model pair: `python3 -m pytest tests/gpu/test_tree_gpu.py` on any CUDA
+GPU."""
 from __future__ import annotations
 
 import os
