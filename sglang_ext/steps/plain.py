@@ -73,6 +73,11 @@ def prepare_plain(batch: Any) -> None:
     batch.spec_algorithm = upstream.SpeculativeAlgorithm.NONE
     batch.spec_info = None
     batch.input_embeds = batch.replace_embeds = batch.replace_positions = None
+    if batch.sampling_info is not None:
+        # the speculative path's forward copy (`copy_for_forward`) leaves the scheduler's own sampling info holding
+        # the last penalized step's accumulated penalties, which SGLang's sampler would add here: with no penalizer
+        # required (plain_ready), plain decoding's are none
+        batch.sampling_info.acc_additive_penalties = batch.sampling_info.acc_scaling_penalties = None
     batch.maybe_evict_swa()
     if any(req.kv.kv_allocated_len <= req.kv.kv_committed_len for req in batch.reqs):
         # a request without its next slot: reserve as the speculative preparation does (2 blocks, so the next

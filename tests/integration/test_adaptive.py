@@ -80,6 +80,23 @@ def test_greedy_equals_plain_switching_width_every_step(cycling_server, plain_gr
     assert plain_steps(cycling_server) > 20  # width 1 -> drafting -> width 1, through the plain decode step
 
 
+def test_a_penalized_request_leaving_changes_no_other_requests_plain_steps(cycling_server, plain_greedy, prompt_ids):
+    """A request with penalties shares decode steps with a greedy one and finishes first: the greedy request's
+    later width-1 steps run as plain decoding with no penalty left over from the steps before (its tokens equal
+    plain decoding's, every length of the penalized request a different step of the cycle)."""
+    def pair(n: int) -> list:
+        with ThreadPoolExecutor(2) as pool:
+            penalized = pool.submit(cycling_server.generate, prompt_ids[1], max_new_tokens=n, temperature=0,
+                                    frequency_penalty=1.5, presence_penalty=1.0)
+            greedy = pool.submit(cycling_server.generate, prompt_ids[0], max_new_tokens=MAX_NEW, temperature=0)
+            return [penalized.result(), greedy.result()]
+
+    before = plain_steps(cycling_server)
+    for n in range(2, 12):
+        assert pair(n)[1]["output_ids"] == plain_greedy[0], f"penalized request of {n} tokens"
+    assert plain_steps(cycling_server) > before
+
+
 def test_sampling_is_lossless_while_switching_width(cycling_server, plain_server, tokenizer):
     ids = tokenizer(PROMPTS[2])["input_ids"]
     spec, accept = _sample_tokens(cycling_server, ids, SAMPLES)
