@@ -39,6 +39,7 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang_ext.controller_loop import LaunchedStep
 from sglang_ext.patches.plain_decode import PLAIN_ATTR
 from sglang_ext.steps.context import StepContext
+from sglang_ext.steps.tree import tree_serves
 from sglang_ext.steps.verify import target_hidden
 
 if TYPE_CHECKING:
@@ -49,18 +50,15 @@ if TYPE_CHECKING:
 def plain_ready(worker: Any, batch: Any) -> bool:
     """Whether this decode batch may run a width-1 step as plain decoding (read at decode preparation, from the
     scheduler's own batch): the CPU worker under the non-overlap scheduler, a full-attention target, and nothing in
-    the batch that only the speculative path applies or reports."""
+    the batch that only the speculative path applies or reports -- a tree's rule (``tree_serves``: grammars,
+    logprobs, penalties, custom logit processors, sampling masks), and hidden states, beams, HiSparse,
+    encoder-decoder targets."""
     if not worker._prefix_drafts or upstream.is_cuda() or worker._need_mamba_verify_commit or batch.enable_overlap:
         return False
-    if (batch.has_grammar or batch.return_logprob or batch.return_hidden_states or batch.beam_tail is not None
-            or batch.hisparse_coordinator is not None or batch.model_config.is_encoder_decoder):
+    if (batch.return_hidden_states or batch.beam_tail is not None or batch.hisparse_coordinator is not None
+            or batch.model_config.is_encoder_decoder):
         return False
-    si = batch.sampling_info
-    if si is None:
-        return True
-    orchestrator = si.penalizer_orchestrator
-    return not (si.has_custom_logit_processor or si.sampling_mask_batch_indices is not None
-                or (orchestrator is not None and orchestrator.is_required))
+    return tree_serves(batch)
 
 
 def prepare_plain(batch: Any) -> None:
