@@ -84,8 +84,8 @@ class ControllerConfig:
     chance to find out it can; near probes (a wider width close to paying) are not bounded by it."""
     probe_near_interval: int = 4
     """Steps between probes while a wider width is predicted within ``probe_near_ratio`` of the current one's
-    goodput and expects more than ``hysteresis`` more tokens, doubling after each such probe up to
-    ``probe_interval`` (probes.py); 0 disables."""
+    goodput, expects more than ``hysteresis`` more tokens and would win if its drafts were accepted twice as often,
+    doubling after each such probe up to ``probe_interval`` (probes.py); 0 disables."""
     probe_near_ratio: float = 0.7
     """How near (a fraction of the current width's predicted goodput) a wider width must be for near probes."""
     fixed_block: int | None = None

@@ -11,9 +11,11 @@ machine (``CostModel.active_seed_measured`` False), when its cell was never meas
 NEVER_FLOOR of ``cur``'s goodput, and the width was not measured at a bucket within 2x of this batch size
 (``CostModel.active_measured_near``: its cell is then priced from that measurement). The best-predicted
 qualifying candidate not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions is
-picked. Never a width that could not win if its step cost no more than ``cur``'s: a wider width (a step costs
-at least what a narrower one does, cost_model.py keeps the table monotone) whose expected tokens (``tokens``) are
-within ``hysteresis`` of ``cur``'s would not be switched to whatever its cell measured -- except a tree no tree step
+picked. Never a width that could not win at the least step cost it can have: a step costs at least what a narrower
+one does (cost_model.py keeps the table monotone), so a wider width costs at least ``cur``'s and at least every
+narrower width priced from a measurement at this load (this bucket, or one within 2x); if its goodput at that bound
+is within ``hysteresis`` of ``cur``'s (with that bound ``cur``'s own cost: its expected ``tokens`` within
+``hysteresis`` of ``cur``'s), it would not be switched to whatever its cell measured -- except a tree no tree step
 has measured (``fresh_trees``: its tokens are chain B's by the prior) while chain B's tokens beat the narrowest
 width's: its other branches may add what no estimate knows yet. ``explorations`` counts the picks.
 Invariants: depends only on the broadcast cost table and the decision count (identical on every TP rank).
@@ -49,6 +51,8 @@ class Exploration:
         # [cur, k]: candidate k verifies more tokens per request than cur (a tree's width counts its nodes)
         widths = np.asarray(cands.array)
         self._wider = widths[None, :] > widths[:, None]
+        # [j, k]: candidate j verifies no more tokens than k and is not k (its measured cost bounds k's from below)
+        self._narrower_other = (widths[:, None] <= widths[None, :]) & ~np.eye(len(widths), dtype=bool)
         self._widest_chain, self._narrowest = cands.widest_chain, int(widths.argmin())
 
     def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +74,19 @@ class Exploration:
             self._under_cache[bucket] = cached
         return cached
 
+    def _cost_ratio_to_bound(self, bs: int, cur: int) -> np.ndarray:
+        """Per candidate: its priced step cost over the least it can cost -- the most expensive of ``cur`` and the
+        narrower candidates priced from a measurement in this bucket or one within 2x of it (itself excluded: an
+        under-measured cell is re-measured for its own sake). Why: under a modelled seed a wide cell is priced by
+        extrapolation, often far too cheap; a narrower width measured at this load already bounds it from below. At
+        a new load level prose at temperature 1 tried widths 8 and 16 for a dwell period each, at several times
+        width 1's cost, after width 2 had been measured too dear to pay for its few more tokens."""
+        row = self.cost_model.row(bs)[self._cost_idx]
+        priced = (self.cost_model.active_evidence(bs)[0] > 0) | self.cost_model.active_measured_near(bs)
+        measured = np.where(priced[self._cost_idx], row, 0.0)
+        bound = np.where(self._narrower_other, measured[:, None], 0.0).max(axis=0)
+        return row / np.maximum(bound, row[cur])
+
     def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int,
              tokens: np.ndarray | None = None, fresh_trees: np.ndarray | None = None) -> int:
         """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract); ``tokens``:
@@ -87,7 +104,9 @@ class Exploration:
             ok[cur] = False
             if tokens is not None:  # why: a drafter that guesses nothing makes every wider width a lost dwell period
                 lift = 1.0 + self.cfg.hysteresis
-                hopeless = self._wider[cur] & (tokens <= tokens[cur] * lift)
+                hopeless = self._wider[cur] & ((tokens <= tokens[cur] * lift)
+                                               | (good * self._cost_ratio_to_bound(bs, cur)
+                                                  <= good[cur] * lift))
                 if fresh_trees is not None and tokens[self._widest_chain] > tokens[self._narrowest] * lift:
                     hopeless &= ~fresh_trees  # its tokens are chain B's by the prior: only a tree step measures them
                 ok &= ~hopeless

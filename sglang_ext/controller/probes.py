@@ -12,9 +12,11 @@ anyway is never a probe and restarts the count):
     probes' measured extra time (probe_price.py, through the cost model) within ``probe_budget`` of the time of
     the steps between them at the current width: the bound on what probing costs a workload whose drafts are
     never accepted. Until a probe has been measured, the count alone.
-  * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's and a
+  * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's, a
     wider width's expected tokens exceed the current width's by more than ``hysteresis`` (drafts never accepted:
-    the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near
+    the far interval only) and a wider width would beat the current one by more than ``hysteresis`` if its drafts
+    were accepted NEAR_GROWTH times as often as estimated (drafts rarely accepted at a width that costs much
+    more: the far interval only), every ``probe_near_interval`` steps instead, that interval doubling after each near
     probe (up to the far one), and back to ``probe_near_interval`` when the acceptance evidence -- the widest
     width's expected tokens over the current width's -- has risen by more than PROBE_SURPRISE since the last
     probe, or when the width switches (neither to try a width, exploration.py, nor back to the width an
@@ -41,6 +43,12 @@ PROBE_STRETCH_MAX = 4
 # a relative rise of the acceptance evidence since the last probe that restarts the near-probe doubling; the
 # evidence is a ratio of expected tokens, so it moves with acceptance only, not with the cost table's jitter
 PROBE_SURPRISE = 0.05
+# How much more often a wider width's drafts would have to be accepted than estimated for near probes to look for it.
+# Why: a probe observes acceptance, so it is worth its price only while a change of acceptance it could plausibly
+# find would change the width; at a load where a wider step costs far more than its drafts bring (prose at
+# temperature 1 on 32 requests: width 2 costs 1.25x width 1 for 5 % more tokens) every near probe -- a draft of the
+# whole batch's full block and its deferred draft KV, several steps' time -- found what the last one had.
+NEAR_GROWTH = 2.0
 
 
 class ProbeSchedule:
@@ -70,10 +78,14 @@ class ProbeSchedule:
         far = self.far_interval(bs, k)
         if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
             evidence = float(tokens[k + 1:].max()) / float(tokens[k])
-            # near only where drafting could win: a wider width's goodput close AND its tokens past hysteresis
-            # (with drafts never accepted every wider width is near in goodput by its price alone)
-            if (float(good[k + 1:].max()) >= cfg.probe_near_ratio * float(good[k])
-                    and evidence > 1.0 + cfg.hysteresis):
+            # near only where drafting could win: a wider width's goodput close, its tokens past hysteresis (with
+            # drafts never accepted every wider width is near in goodput by its price alone), and a plausible rise
+            # of its acceptance enough to pay for its step
+            wider_good, wider_tokens = good[k + 1:], tokens[k + 1:]
+            grown = wider_good * (bs + NEAR_GROWTH * (wider_tokens - bs)) / wider_tokens
+            if (float(wider_good.max()) >= cfg.probe_near_ratio * float(good[k])
+                    and evidence > 1.0 + cfg.hysteresis
+                    and float(grown.max()) > float(good[k]) * (1.0 + cfg.hysteresis)):
                 if evidence > self._evidence * (1.0 + PROBE_SURPRISE):
                     self._backoff = 0  # acceptance moved toward drafting since the last probe: look again
                 return min(far, cfg.probe_near_interval << self._backoff), evidence
