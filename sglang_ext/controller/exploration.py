@@ -9,15 +9,19 @@ measurements or more than ``explore_stale_measurements`` measurements elsewhere 
 goodput is within ``explore_margin`` of ``cur``'s; or, when the seed table was modelled rather than profiled on this
 machine (``CostModel.active_seed_measured`` False), when its cell was never measured, it predicts at least
 NEVER_FLOOR of ``cur``'s goodput, and the width was not measured at a bucket within 2x of this batch size
-(``CostModel.active_measured_near``: its cell is then priced from that measurement). The best-predicted
-qualifying candidate not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions is
-picked. Never a width that could not win at the least step cost it can have: a step costs at least what a narrower
-one does (cost_model.py keeps the table monotone), so a wider width costs at least ``cur``'s and at least every
-narrower width priced from a measurement at this load (this bucket, or one within 2x); if its goodput at that bound
-is within ``hysteresis`` of ``cur``'s (with that bound ``cur``'s own cost: its expected ``tokens`` within
-``hysteresis`` of ``cur``'s), it would not be switched to whatever its cell measured -- except a tree no tree step
-has measured (``fresh_trees``: its tokens are chain B's by the prior) while chain B's tokens beat the narrowest
-width's: its other branches may add what no estimate knows yet. ``explorations`` counts the picks.
+(``CostModel.active_measured_near``: its cell is then priced from that measurement). Of the qualifying candidates
+not tried in this bucket within 4 x max(cost_sync_interval, min_dwell_steps) decisions the best-predicted is picked
+-- the narrowest while a never-measured one qualifies: its price is a guess, and the narrowest is the cheapest to
+try and its measured cost bounds every wider width's (below). None while the last pick's measurements have yet to
+reach the active table (at most a dwell period and two cost syncs), nor a wider one while ``cur``'s own cell in this
+bucket is unmeasured (at a new load level every price, ``cur``'s included, is a guess). Never a width that could not
+win at the least step cost it can have: a step costs at least what a narrower one does (cost_model.py keeps the
+table monotone), so a wider width costs at least ``cur``'s and at least every narrower width priced from a
+measurement at this load (this bucket, or one within 2x); if its goodput at that bound is within ``hysteresis`` of
+``cur``'s (with that bound ``cur``'s own cost: its expected ``tokens`` within ``hysteresis`` of ``cur``'s), it would
+not be switched to whatever its cell measured -- except a tree no tree step has measured (``fresh_trees``: its
+tokens are chain B's by the prior) while chain B's tokens beat the narrowest width's: its other branches may add
+what no estimate knows yet. ``explorations`` counts the picks.
 Invariants: depends only on the broadcast cost table and the decision count (identical on every TP rank).
 """
 from __future__ import annotations
@@ -51,9 +55,11 @@ class Exploration:
         # [cur, k]: candidate k verifies more tokens per request than cur (a tree's width counts its nodes)
         widths = np.asarray(cands.array)
         self._wider = widths[None, :] > widths[:, None]
+        self._narrow_first = [int(k) for k in np.argsort(widths, kind="stable")]
         # [j, k]: candidate j verifies no more tokens than k and is not k (its measured cost bounds k's from below)
         self._narrower_other = (widths[:, None] <= widths[None, :]) & ~np.eye(len(widths), dtype=bool)
         self._widest_chain, self._narrowest = cands.widest_chain, int(widths.argmin())
+        self._pending: tuple[int, int, int, int] | None = None  # (batch size, candidate, its count, decision)
 
     def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """(under-measured or stale cells, never-measured cells to try whatever the margin) of the bucket."""
@@ -87,11 +93,26 @@ class Exploration:
         bound = np.where(self._narrower_other, measured[:, None], 0.0).max(axis=0)
         return row / np.maximum(bound, row[cur])
 
+    def _waiting(self, step: int) -> bool:
+        """Whether the last pick's measurements have yet to reach the active table (a sync after its dwell), at most
+        a dwell and two syncs. Why: the next pick is bounded by what the last one measured; picked before the table
+        holds it, width 8 was tried right after width 2 had been measured too dear to pay."""
+        if self._pending is None:
+            return False
+        bs, k, count, since = self._pending
+        if (self.cost_model.active_evidence(bs)[0][self._cost_idx[k]] <= count
+                and step - since < self.cfg.min_dwell_steps + 2 * self.cfg.cost_sync_interval):
+            return True
+        self._pending = None
+        return False
+
     def pick(self, bs: int, bucket: int, good: np.ndarray, cur: int, step: int,
              tokens: np.ndarray | None = None, fresh_trees: np.ndarray | None = None) -> int:
         """The candidate to try instead of ``cur`` at decision ``step``, or ``cur`` (module contract); ``tokens``:
         the batch's expected tokens per step at each candidate (None: no width is ruled out by them);
         ``fresh_trees``: the tree candidates whose gain over chain B no tree step has measured yet."""
+        if self._waiting(step):
+            return cur
         under, never = self._unmeasured(bs, bucket)
         if not under.any():
             return cur
@@ -110,14 +131,20 @@ class Exploration:
                 if fresh_trees is not None and tokens[self._widest_chain] > tokens[self._narrowest] * lift:
                     hopeless &= ~fresh_trees  # its tokens are chain B's by the prior: only a tree step measures them
                 ok &= ~hopeless
+            if self.cost_model.active_evidence(bs)[0][self._cost_idx[cur]] == 0:
+                ok &= ~self._wider[cur]  # the bound on a wider width is cur's own cost: a guess until measured here
             self._ok_for, self._ok = (good, cur, bucket, version), ok
         if not ok.any():
             return cur
         cooldown = 4 * max(self.cfg.cost_sync_interval, self.cfg.min_dwell_steps)
-        for k in np.argsort(-good):
+        # a cell priced by a modelled guess (``never``) from the cheap end: its prediction says little, and the
+        # narrowest measured bounds the wider ones; cells priced near their measurements, best predicted first
+        order = self._narrow_first if (ok & never).any() else np.argsort(-good)
+        for k in order:
             k = int(k)
             if ok[k] and step - self.explored.get((bucket, k), -(10**18)) >= cooldown:
                 self.explored[(bucket, k)] = step
+                self._pending = (bs, k, int(self.cost_model.active_evidence(bs)[0][self._cost_idx[k]]), step)
                 self.explorations += 1
                 return k
         return cur
