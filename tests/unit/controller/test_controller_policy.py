@@ -997,3 +997,33 @@ def test_a_wide_width_a_measured_narrower_width_already_rules_out_is_not_explore
         assert (8 in seen or 16 in seen) == wide_tried, (p_accept, seen)
         if not wide_tried:
             assert seen[-50:] == [1] * 50
+
+
+def test_at_a_new_load_level_the_guessed_cells_are_tried_narrowest_first_and_one_at_a_time() -> None:
+    """Drafts rarely accepted, a modelled seed that prices every width about alike (wide widths look best), the
+    load moving from 8 requests to 32. At 32 no wider width is tried before width 1's own cost there is measured,
+    then width 2 -- the narrowest guess -- and, its cost measured too dear for its few more tokens, nothing wider:
+    the widths 8 and 16 the seed ranked first would each have been a dwell period at several times width 1's cost."""
+    true_t = {8: {1: 0.013, 2: 0.016, 4: 0.02, 8: 0.028, 16: 0.05},
+              32: {1: 0.036, 2: 0.06, 4: 0.085, 8: 0.13, 16: 0.25}}  # a 2-core CPU
+    seed = {1: 0.0060, 2: 0.0061, 4: 0.0062, 8: 0.0063, 16: 0.0064}
+    cfg = ControllerConfig(min_dwell_steps=8, cost_sync_interval=16, probe_interval=0)
+    ctrl = BlockSizeController(cfg, flat_cost(seed, measured=False))
+    rng = np.random.default_rng(0)
+    seen: dict[int, list[int]] = {8: [], 32: []}
+    pos = {8: [0] * 8, 32: [0] * 32}
+    for n, steps in ((8, 200), (32, 300)):
+        ids = [f"r{i}" for i in range(n)]
+        for _ in range(steps):
+            d = ctrl.decide(ids)
+            seen[n].append(d.block_size)
+            runs = np.where(rng.random(n) < 0.05, 1, 0)
+            feed_stream(ctrl, ids, runs, d.block_size, pos[n], full_draft=d.draft_full)
+            ctrl.observe_step_time(n, d.block_size, true_t[n][d.block_size], probe=d.probe)
+            if ctrl.cost_sync_due:
+                ctrl.sync_cost_table()
+    at32 = seen[32]
+    assert set(at32) <= {1, 2} and at32[-100:] == [1] * 100, at32
+    # nothing tried before width 1's cost at 32 requests reached the table (the next cost sync: 200 steps at 8
+    # requests, a sync every 16 observed steps)
+    assert at32[:8] == [1] * 8 and 2 in at32
