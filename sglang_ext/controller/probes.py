@@ -46,8 +46,8 @@ PROBE_SURPRISE = 0.05
 # How much more often a wider width's drafts would have to be accepted than estimated for near probes to look for it.
 # Why: a probe observes acceptance, so it is worth its price only while a change of acceptance it could plausibly
 # find would change the width; at a load where a wider step costs far more than its drafts bring (prose at
-# temperature 1 on 32 requests: width 2 costs 1.25x width 1 for 5 % more tokens) every near probe -- a draft of the
-# whole batch's full block and its deferred draft KV, several steps' time -- found what the last one had.
+# temperature 1 on a busy CPU) every near probe -- a draft of the whole batch's full block and its deferred draft
+# KV, several steps' time -- found what the last one had (docs/BENCHMARKS.md, explorations and probes).
 NEAR_GROWTH = 2.0
 
 
