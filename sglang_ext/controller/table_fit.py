@@ -112,9 +112,11 @@ def monotone_table(
         t[i, :] = _interp_fill(t[i, :], kx)
     floor = max(1e-9, float(np.nanmin(t[t > 0])) * 1e-3) if (t > 0).any() else 1e-9
     t = np.maximum(t, floor)
-    for i in range(t.shape[0]):
+    # a row or column already non-decreasing is its own fit (nothing pooled, nothing to spread): only the others
+    # are fitted -- the table is resolved at every cost sync, and a learned table is mostly monotone
+    for i in np.flatnonzero((np.diff(t, axis=1) < 0).any(axis=1)):
         t[i, :] = spread_pooled(isotonic(t[i, :], w[i, :]), kx, w[i, :], t[i, :])
-    for k in range(t.shape[1]):
+    for k in np.flatnonzero((np.diff(t, axis=0) < 0).any(axis=0)):
         t[:, k] = isotonic(t[:, k], w[:, k])
     t = np.maximum.accumulate(t, axis=1)
     t = np.maximum.accumulate(t, axis=0)

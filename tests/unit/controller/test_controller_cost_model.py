@@ -38,6 +38,41 @@ def test_completion_is_total_positive_and_monotone(cells: np.ndarray, weights: n
     assert _is_monotone(t)
 
 
+def _fit_every_row_and_column(cells: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """monotone_table's steps with every row and column fitted, monotone or not (the reference)."""
+    from sglang_ext.controller.table_fit import _interp_fill, spread_pooled
+
+    t = np.array(cells, dtype=float)
+    known = np.isfinite(t)
+    w = np.where(known, np.maximum(weights, 1e-6), 0.05)
+    bx, kx = np.asarray(BUCKETS, dtype=float), np.asarray(BLOCKS, dtype=float)
+    for k in range(t.shape[1]):
+        t[:, k] = _interp_fill(t[:, k], bx)
+    for i in range(t.shape[0]):
+        t[i, :] = _interp_fill(t[i, :], kx)
+    t = np.maximum(t, max(1e-9, float(np.nanmin(t[t > 0])) * 1e-3))
+    for i in range(t.shape[0]):
+        t[i, :] = spread_pooled(isotonic(t[i, :], w[i, :]), kx, w[i, :], t[i, :])
+    for k in range(t.shape[1]):
+        t[:, k] = isotonic(t[:, k], w[:, k])
+    return np.maximum.accumulate(np.maximum.accumulate(t, axis=1), axis=0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    base=st.floats(1e-3, 0.1),
+    noise=hnp.arrays(np.float64, (len(BUCKETS), len(BLOCKS)), elements=st.floats(-0.3, 0.3)),
+    holes=hnp.arrays(np.bool_, (len(BUCKETS), len(BLOCKS))),
+    weights=hnp.arrays(np.float64, (len(BUCKETS), len(BLOCKS)), elements=st.floats(0.1, 100.0)),
+)
+def test_a_table_fits_as_if_every_row_and_column_were_fitted(base, noise, holes, weights) -> None:
+    """Rows and columns already non-decreasing are not refitted (the table is resolved at every cost sync): the
+    result is the fit of every row and column, on tables that are monotone, nearly so, or not at all."""
+    grid = base * (1.0 + np.add.outer(np.arange(len(BUCKETS)), np.arange(len(BLOCKS))) / 4.0)
+    cells = np.where(holes & (np.arange(grid.size).reshape(grid.shape) > 0), np.nan, grid * (1.0 + noise))
+    assert np.array_equal(monotone_table(cells, BUCKETS, BLOCKS, weights), _fit_every_row_and_column(cells, weights))
+
+
 def test_monotone_input_is_kept_and_holes_interpolated() -> None:
     base = np.array([[1.0 + 0.1 * i + 0.01 * k for k in range(5)] for i in range(7)])
     assert np.allclose(monotone_table(base, BUCKETS, BLOCKS), base)
