@@ -101,3 +101,8 @@ class GoodputEstimator:
             a.setflags(write=False)
         self._gp_key, self._gp_step, self._gp_value = key, step, (good, tokens, E)
         return good, tokens, E
+
+    def reuse_left(self, step: int) -> int:
+        """Decisions after decision ``step`` that ``reused`` would answer from the estimate it holds, its inputs
+        unchanged."""
+        return GOODPUT_REUSE_STEPS - 1 - (step - self._gp_step)

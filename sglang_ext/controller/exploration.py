@@ -60,6 +60,9 @@ class Exploration:
         self._narrower_other = (widths[:, None] <= widths[None, :]) & ~np.eye(len(widths), dtype=bool)
         self._widest_chain, self._narrowest = cands.widest_chain, int(widths.argmin())
         self._pending: tuple[int, int, int, int] | None = None  # (batch size, candidate, its count, decision)
+        # the first decision at which the last ``pick`` that kept ``cur`` could answer otherwise, its inputs (the
+        # estimate, ``cur``, the bucket, the active table) unchanged: a wait or a cooldown ending
+        self.quiet_until: float = 0
 
     def _unmeasured(self, bs: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """(under-measured or stale cells, never-measured cells to try whatever the margin) of the bucket."""
@@ -102,6 +105,7 @@ class Exploration:
         bs, k, count, since = self._pending
         if (self.cost_model.active_evidence(bs)[0][self._cost_idx[k]] <= count
                 and step - since < self.cfg.min_dwell_steps + 2 * self.cfg.cost_sync_interval):
+            self.quiet_until = since + self.cfg.min_dwell_steps + 2 * self.cfg.cost_sync_interval
             return True
         self._pending = None
         return False
@@ -113,6 +117,7 @@ class Exploration:
         ``fresh_trees``: the tree candidates whose gain over chain B no tree step has measured yet."""
         if self._waiting(step):
             return cur
+        self.quiet_until = float("inf")
         under, never = self._unmeasured(bs, bucket)
         if not under.any():
             return cur
@@ -142,9 +147,12 @@ class Exploration:
         order = self._narrow_first if (ok & never).any() else np.argsort(-good)
         for k in order:
             k = int(k)
-            if ok[k] and step - self.explored.get((bucket, k), -(10**18)) >= cooldown:
+            last = self.explored.get((bucket, k), -(10**18))
+            if ok[k] and step - last >= cooldown:
                 self.explored[(bucket, k)] = step
                 self._pending = (bs, k, int(self.cost_model.active_evidence(bs)[0][self._cost_idx[k]]), step)
                 self.explorations += 1
                 return k
+            if ok[k]:
+                self.quiet_until = min(self.quiet_until, last + cooldown)
         return cur

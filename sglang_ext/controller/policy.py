@@ -22,18 +22,26 @@ Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step)
      draft the full block iff ``d.draft_full``; else draft nothing at b = 1 and, with ``prefix_drafts``, only the
      first b positions at b > 1 (``d.probe``: a full draft the width alone would not have run, probes.py).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed,
-     sampled, widths)`` (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``;
+     sampled, widths)`` -- or, for a width-1 step without a draft committing one token per request,
+     ``observe_plain(request_ids, sampled)`` first, the data only where it answers False -- (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``;
      ``sampled``: which requests sample, as given to decide -- the prior class, PRIOR_CLASSES), and on rank 0
      ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, request_ids,
      path)``. With overlap scheduling these arrive one step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
   4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
+
+Held plain decisions: a width-1 decision without a draft is repeated, without asking the parts, for as many
+decisions as nothing it reads can change it -- the batch, its classes, ``trees`` and ``ragged`` as given, every
+version of the cost table and the request state, the estimate's reuse (estimate.py), the dwell, exploration's
+waits and cooldowns, the next probe. Held decisions are the ones the whole controller would take, with the state
+changes it would make (dwell, the probe count). Why: speculation off is most steps where the drafter cannot guess,
+and asking the whole controller every step cost a noticeable part of a plain step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -46,7 +54,7 @@ from .exploration import Exploration
 from .probes import ProbeSchedule
 from .ragged_overlay import RaggedOverlay
 from .request_state import PRIOR_CLASSES, RequestState, calibrated_widths
-from .width_rule import WidthRule
+from .width_rule import Choice, WidthRule
 
 __all__ = ["PRIOR_CLASSES", "BlockSizeController", "Decision", "calibrated_widths"]
 
@@ -75,6 +83,16 @@ class Decision:
     cost_table_version: int = 0
     probe: bool = False
     widths: tuple[int, ...] | None = None
+
+
+@dataclass
+class _Hold:
+    """A plain decision repeated without asking while its inputs hold (BlockSizeController.decide)."""
+
+    inputs: tuple  # (request ids, sampled, trees, ragged) as decide was given them
+    state: tuple[int, ...]  # BlockSizeController._state() when it was taken
+    decision: Decision  # the decision, not switched
+    left: int  # decisions it may still answer
 
 
 class BlockSizeController:
@@ -108,6 +126,7 @@ class BlockSizeController:
         self.tree_gain, self.calibration = self.requests.tree_gain, self.requests.calibration
         # the observations (identical on all ranks) go straight to the request state, which documents them
         self.observe_step = self.requests.observe_step
+        self.observe_plain = self.requests.observe_plain
         self.observe_tree = self.requests.observe_tree
         self.finish = self.requests.finish
         self.estimator = GoodputEstimator(cfg, cost, self._cands, self.requests)
@@ -117,6 +136,8 @@ class BlockSizeController:
         self.overlay = RaggedOverlay(cfg, cost, self._cands)
         self.steps_decided = 0
         self.skipped_probe_timings = 0
+        self.held_decisions = 0
+        self._hold: _Hold | None = None
 
     def drafter_changed(self) -> None:
         """The drafter was hot-swapped: its global acceptance priors no longer hold (AcceptanceStats.forget_global);
@@ -133,6 +154,16 @@ class BlockSizeController:
         version = self.cost_model.version
         if bs == 0:  # nothing to run; report the mode's block without changing any state
             return Decision(self.rule.idle_block(), False, 0.0, 0.0, False, version)
+        hold = self._hold
+        if hold is not None:
+            if hold.left > 0 and hold.inputs == (request_ids, sampled, trees, ragged) and hold.state == self._state():
+                hold.left -= 1
+                self.steps_decided += 1
+                self.held_decisions += 1
+                self.rule.hold()
+                self.probes.hold(self.rule.dwell)
+                return hold.decision
+            self._hold = None
         step = self.steps_decided
         good, tokens, E = self.estimator.reused(request_ids, sampled, self.rule.cur, step)
         fresh = self.requests.unmeasured_trees(sampled, bs) if trees else None
@@ -149,8 +180,38 @@ class BlockSizeController:
             widths, g, e = ragged_step
             self.overlay.steps += 1
             return Decision(max(widths), False, g, e, choice.switched, version, False, widths)
-        return Decision(b, draft_full or probe, float(good[k]), float(tokens[k] / bs), choice.switched, version,
-                        probe)
+        decision = Decision(b, draft_full or probe, float(good[k]), float(tokens[k] / bs), choice.switched, version,
+                            probe)
+        if b == 1 and not decision.draft_full:
+            left = self._quiet_steps(step, choice)
+            if left > 0:
+                self._hold = _Hold((list(request_ids), None if sampled is None else list(sampled), trees, ragged),
+                                   self._state(), replace(decision, switched=False), int(left))
+        return decision
+
+    def _state(self) -> tuple[int, ...]:
+        """The versions of everything a decision reads besides the batch and the step count."""
+        req = self.requests
+        return (self.cost_model.version, req.slots.generation, req.stats.version, req.tree_gain_version(),
+                req.calibration_version())
+
+    def _quiet_steps(self, step: int, choice: Choice) -> float:
+        """After a plain decision at decision ``step``: how many decisions that follow would repeat it, were the
+        batch, its classes and every version ``_state`` reads unchanged -- the first that could differ is the one
+        that recomputes the estimate, may switch or explore once the dwell is served, finds an exploration's wait
+        or cooldown over, or probes."""
+        cfg = self.cfg
+        if cfg.mode == "cycle" or choice.k != choice.previous:  # a new width is an input of the next estimate
+            return 0
+        left = float(self.estimator.reuse_left(step))
+        if cfg.mode == "adaptive":
+            dwell = self.rule.dwell
+            if dwell <= cfg.min_dwell_steps:
+                left = min(left, cfg.min_dwell_steps - dwell)
+            elif cfg.explore_margin > 0.0:
+                left = min(left, self.exploration.quiet_until - step - 1)
+            left = min(left, self.probes.quiet_steps())
+        return left
 
     def goodput(self, request_ids: Sequence[Hashable],
                 sampled: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:

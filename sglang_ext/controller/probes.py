@@ -62,6 +62,7 @@ class ProbeSchedule:
         self._backoff = 0  # near probes so far that left the acceptance evidence no higher (doubling)
         self._excursion_from: int | None = None  # the width an exploration left, while it is away from it
         self._evidence = float("inf")  # the acceptance evidence at the last probe
+        self._last_interval = math.inf  # the interval the last non-full-draft decision was held to
 
     def far_interval(self, bs: int, k: int | None = None) -> int:
         """Steps between far probes at batch size ``bs`` and candidate ``k`` (the current width's price)."""
@@ -114,9 +115,25 @@ class ProbeSchedule:
                 self._backoff = 0  # the width is the limit, not the drafts: what lies beyond it is worth a look
                 interval = 1
             probe = self._since_draft + 1 >= interval
+            self._last_interval = interval
             if probe:
                 self._evidence = evidence
                 if interval < self.far_interval(bs, choice.k):  # a near probe below the cap: the next one waits longer
                     self._backoff += 1
         self._since_draft = 0 if (draft_full or probe) else self._since_draft + 1
         return probe
+
+    def quiet_steps(self) -> float:
+        """After a decision that neither probed nor drafted the full block: the decisions that follow before one
+        could probe, were the interval unchanged (its inputs: the estimate, the width, the batch size, the active
+        table)."""
+        if not self.enabled:
+            return math.inf
+        return self._last_interval - self._since_draft - 1
+
+    def hold(self, dwell: int) -> None:
+        """A decision that kept the current width and did not probe, without asking (policy.py): what ``due``
+        changes for it."""
+        if dwell > self.cfg.min_dwell_steps:
+            self._excursion_from = None
+        self._since_draft += 1

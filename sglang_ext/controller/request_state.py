@@ -179,16 +179,9 @@ class RequestState:
 
     def _observe_elapsed(self, request_ids: Sequence[Hashable], accepted: np.ndarray | Sequence[int],
                          committed: Sequence[Sequence[int]], sampled: Sequence[bool] | None) -> bool:
-        """``observe_step`` of a width-1 step without a draft for the batch (and classes) the previous observation
-        had, with no block awaiting hindsight: such a step observes no acceptance, only that a step elapsed (the
-        decay). False, changing nothing: the general path must run.
-
-        Why: speculation off is most steps at low acceptance, and the general path's checks and slot lookup are a
-        noticeable part of a width-1 step (docs/ADAPTIVE.md). The batch was checked when it was first observed;
-        what is checked here is this step's data."""
-        if (self._obs_gen != self.slots.generation or not isinstance(committed, np.ndarray)
-                or (self.hindsight is not None and self.hindsight.has_pending())
-                or self._obs_key != (tuple(request_ids), None if sampled is None else tuple(sampled))):
+        """``observe_step`` of a width-1 step without a draft, by ``observe_plain`` once this step's data is
+        checked. False, changing nothing: the general path must run."""
+        if not isinstance(committed, np.ndarray) or not self._elapsed_applies(request_ids, sampled):
             return False
         n = len(request_ids)
         acc = np.asarray(accepted)
@@ -198,6 +191,23 @@ class RequestState:
             raise ValueError("accepted: values must be in 0..0 for block_size 1")
         if committed.shape != (n, 1):
             raise ValueError("committed: each request must commit accepted + 1 tokens")
+        return self.observe_plain(request_ids, sampled)
+
+    def _elapsed_applies(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None) -> bool:
+        return (self._obs_gen == self.slots.generation
+                and not (self.hindsight is not None and self.hindsight.has_pending())
+                and self._obs_key == (tuple(request_ids), None if sampled is None else tuple(sampled)))
+
+    def observe_plain(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None = None) -> bool:
+        """A width-1 step without a draft, committing one token per request, of the batch (and classes) the
+        previous observation had, with no block awaiting hindsight: such a step observes no acceptance, only that a
+        step elapsed (the decay). False, changing nothing, otherwise: ``observe_step`` must be given its data.
+
+        Why: speculation off is most steps at low acceptance, and the general path's checks and slot lookup are a
+        noticeable part of a width-1 step (docs/ADAPTIVE.md). The batch was checked when it was first observed; the
+        caller vouches for this step's shape (the worker's plain step: one token per request, nothing drafted)."""
+        if not self._elapsed_applies(request_ids, sampled):
+            return False
         self.stats.step(self._obs_slots)
         self.steps_observed += 1
         self.saturated = 0

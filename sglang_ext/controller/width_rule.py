@@ -101,3 +101,8 @@ class WidthRule:
         self.dwell = 1 if (cur is None or switched) else self.dwell + 1
         self.cur = k
         return Choice(k, cur, switched, explored)
+
+    def hold(self) -> None:
+        """A decision that kept the current width without asking (policy.py, a held plain decision): what
+        ``choose`` changes when it keeps it."""
+        self.dwell += 1

@@ -321,14 +321,18 @@ def test_bulk_step_time_histogram_exposes_what_one_observe_per_step_would():
     assert out[0] == out[1]
 
 
-def test_width1_steps_count_their_requests_and_one_token_each():
+@pytest.mark.parametrize("plain", [False, True])
+def test_width1_steps_count_their_requests_and_one_token_each(plain):
     """A width-1 step (speculation off) is still a verify step of every request committing one token; its
-    zero draft and zero accepted counts are not written, yet read 0 (the series exist from start-up)."""
+    zero draft and zero accepted counts are not written, yet read 0 (the series exist from start-up). A step run as
+    plain decoding (``plain``: observed without its arrays) counts the same, and as a plain step."""
     reg = CollectorRegistry()
     lp = loop(reg, mode="fixed", fixed_block=1)
     for i in range(3):
-        launch(lp, ["a", "b"], 1.0 + i, [[5], [6]])
+        d = lp.begin_decode(["a", "b"], 1.0 + i)
+        lp.launched(LaunchedStep(["a", "b"], d, None, Host(np.asarray([[5], [6]])), plain=plain))
         lp.complete([0, 0], 2)
+    assert lp.controller.steps_observed == 3
     lp.request_finished("a")  # writes the width-1 steps counted in process
     value = reg.get_sample_value
     labels = {"model_name": "m"}
@@ -339,6 +343,8 @@ def test_width1_steps_count_their_requests_and_one_token_each():
     assert value("dflash_committed_tokens_per_step_count", labels) == 6
     assert value("dflash_committed_tokens_per_step_sum", labels) == 6
     assert value("dflash_committed_tokens_per_step_bucket", labels | {"le": "1.0"}) == 6
+    assert value("dflash_plain_decode_steps_total", labels) == (3 if plain else 0)
+    assert value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 3
 
 
 def test_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished_requests_answer():

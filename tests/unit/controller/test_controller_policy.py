@@ -767,9 +767,10 @@ def test_a_trees_gain_is_learned_per_prior_class_greedy_code_does_not_lend_it_to
     assert ctrl.decide(sampled, sampled=[True, True]).block_size == 32
 
 
-def _width1_run(fast: bool) -> BlockSizeController:
+def _width1_run(fast: bool, plain: bool = False) -> BlockSizeController:
     """Width-1 steps of one batch with probes between them; committed as the worker hands it ([bs, 1] array: the
-    elapsed-step path) or as lists (the general path)."""
+    elapsed-step path) or as lists (the general path); ``plain``: told as a plain step (``observe_plain``), given
+    its data only where that is refused."""
     ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS))
     ids, sampled = ["a", "b", "c"], [False, True, False]
     rng = np.random.default_rng(3)
@@ -778,8 +779,9 @@ def _width1_run(fast: bool) -> BlockSizeController:
             feed(ctrl, ids, rng.integers(0, 6, 3), 1, sampled=sampled)
             continue
         committed = 7 + np.arange(3).reshape(3, 1) + 10 * step
-        ctrl.observe_step(ids, 1, np.zeros(3, dtype=np.int64), None,
-                          committed if fast else committed.tolist(), sampled)
+        if not (plain and ctrl.observe_plain(ids, sampled)):
+            ctrl.observe_step(ids, 1, np.zeros(3, dtype=np.int64), None,
+                              committed if fast else committed.tolist(), sampled)
         if step == 40:
             ctrl.finish("b")
             ids, sampled = ["a", "c", "d"], [False, False, True]
@@ -787,15 +789,17 @@ def _width1_run(fast: bool) -> BlockSizeController:
 
 
 def test_a_width1_step_of_an_unchanged_batch_observes_exactly_what_the_general_path_does() -> None:
-    """_observe_elapsed (a width-1 step without a draft, same batch, nothing awaiting hindsight) and the deferred
-    decay it uses leave the counts the general path leaves, through probes, a finished request and a newcomer."""
-    fast, general = _width1_run(True), _width1_run(False)
-    assert fast.steps_observed == general.steps_observed == 60
-    for name in ("a_r", "n_r", "_a_g", "_n_g"):
-        fast.stats.flush_decay()
-        assert np.allclose(getattr(fast.stats, name), getattr(general.stats, name), rtol=1e-12, atol=0), name
-    ids = ["a", "c", "d"]
-    assert np.allclose(fast.goodput(ids, [False, False, True])[0], general.goodput(ids, [False, False, True])[0])
+    """_observe_elapsed and observe_plain (a width-1 step without a draft, same batch, nothing awaiting hindsight)
+    and the deferred decay they use leave the counts the general path leaves, through probes, a finished request
+    and a newcomer."""
+    general = _width1_run(False)
+    for fast in (_width1_run(True), _width1_run(True, plain=True)):
+        assert fast.steps_observed == general.steps_observed == 60
+        for name in ("a_r", "n_r", "_a_g", "_n_g"):
+            fast.stats.flush_decay()
+            assert np.allclose(getattr(fast.stats, name), getattr(general.stats, name), rtol=1e-12, atol=0), name
+        ids = ["a", "c", "d"]
+        assert np.allclose(fast.goodput(ids, [False, False, True])[0], general.goodput(ids, [False, False, True])[0])
 
 
 def test_a_width1_step_of_an_unchanged_batch_is_still_checked() -> None:
@@ -1027,3 +1031,71 @@ def test_at_a_new_load_level_the_guessed_cells_are_tried_narrowest_first_and_one
     # nothing tried before width 1's cost at 32 requests reached the table (the next cost sync: 200 steps at 8
     # requests, a sync every 16 observed steps)
     assert at32[:8] == [1] * 8 and 2 in at32
+
+
+def _held_run(seed: int, hold: bool, monkeypatch) -> tuple[list[Decision], BlockSizeController]:
+    """Decisions of a controller fed a simulated server: batches that change now and then, requests whose drafts
+    are accepted at their own rate (most rarely), step times from a cost that grows with the width, cost syncs.
+    ``hold`` False: every decision asks the whole controller (no plain decision is held)."""
+    if not hold:
+        monkeypatch.setattr(BlockSizeController, "_quiet_steps", lambda self, step, choice: 0)
+    ctrl = BlockSizeController(ControllerConfig(), CostModel.default(BLOCKS), prefix_drafts=True)
+    rng = np.random.default_rng(seed)
+    rate = {}
+    ids: list[str] = []
+    decisions = []
+    pos: dict[str, int] = {}
+    for step in range(1500):
+        if not ids or rng.random() < 0.05:  # a request leaves or joins
+            if ids and rng.random() < 0.5:
+                gone = ids.pop(int(rng.integers(len(ids))))
+                ctrl.finish(gone)
+            new = f"r{step}"
+            ids = ids + [new]
+            rate[new] = float(rng.choice([0.05, 0.1, 0.9]))
+            pos[new] = 0
+        sampled = [rid.endswith(("1", "3")) for rid in ids]
+        d = ctrl.decide(ids, sampled=sampled)
+        decisions.append(d)
+        bs, b = len(ids), d.block_size
+        runs = np.array([int(rng.geometric(1.0 - rate[r])) - 1 for r in ids])
+        if b == 1 and not d.draft_full:
+            if not ctrl.observe_plain(ids, sampled):
+                ctrl.observe_step(ids, 1, np.zeros(bs, dtype=np.int64), None, np.ones((bs, 1), dtype=np.int64),
+                                  sampled)
+        else:
+            drafted = np.zeros((bs, J), dtype=np.int64)
+            acc = np.minimum(runs, b - 1)
+            committed = []
+            for i, r in enumerate(ids):
+                truth = 10**6 * i + pos[r] + np.arange(J + 1)
+                drafted[i] = truth[:J]
+                drafted[i, runs[i]:] += 50_000
+                committed.append(truth[: acc[i] + 1].tolist())
+                pos[r] += int(acc[i]) + 1
+            ctrl.observe_step(ids, b, acc, drafted if d.draft_full else None, committed, sampled)
+        ctrl.observe_step_time(bs, b, 0.004 + 0.0005 * bs * b * (1.0 + 0.1 * rng.random()), probe=d.probe)
+        if ctrl.cost_sync_due:
+            ctrl.sync_cost_table()
+    return decisions, ctrl
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])  # 3: an exploration's cooldown ends inside what a hold would cover
+def test_a_held_plain_decision_is_the_decision_the_whole_controller_would_take(seed, monkeypatch) -> None:
+    """While a batch runs plain, its width-1 decision is repeated without asking the controller only for as many
+    steps as nothing it reads can change it (the estimate's reuse, the dwell, exploration's waits, the next probe,
+    every version): decisions, switches, explorations and probes are those of a controller that asks every step."""
+    held, ctrl = _held_run(seed, True, monkeypatch)
+    assert ctrl.held_decisions > 100  # held most plain steps
+    assert ctrl.switches > 5 and ctrl.explorations > 0 and any(d.probe for d in held)
+    monkeypatch.undo()
+    asked, ref = _held_run(seed, False, monkeypatch)
+    assert ref.held_decisions == 0
+    def kind(d: Decision) -> tuple:
+        return d.block_size, d.draft_full, d.switched, d.probe, d.widths, d.cost_table_version
+
+    assert [kind(d) for d in held] == [kind(d) for d in asked]
+    # the same estimates, up to where a deferred decay was applied (decay**k once, or k times)
+    assert np.allclose([d.predicted_goodput for d in held], [d.predicted_goodput for d in asked], rtol=1e-9, atol=0)
+    assert (ctrl.switches, ctrl.explorations, ctrl.steps_decided) == (ref.switches, ref.explorations,
+                                                                       ref.steps_decided)
