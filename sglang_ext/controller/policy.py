@@ -22,8 +22,9 @@ Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step)
      draft the full block iff ``d.draft_full``; else draft nothing at b = 1 and, with ``prefix_drafts``, only the
      first b positions at b > 1 (``d.probe``: a full draft the width alone would not have run, probes.py).
   2. after the step's results are on the host: ``observe_step(request_ids, b, accepted, drafted, committed,
-     sampled, widths)`` -- or, for a width-1 step without a draft committing one token per request,
-     ``observe_plain(request_ids, sampled)`` first, the data only where it answers False -- (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``;
+     sampled, widths)`` (``drafted`` = the full drafted block [bs, max_block - 1], or None unless ``d.draft_full``;
+     a width-1 step without a draft, one token per request: ``observe_plain(request_ids, sampled)`` first, the data
+     only where it answers False;
      ``sampled``: which requests sample, as given to decide -- the prior class, PRIOR_CLASSES), and on rank 0
      ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, request_ids,
      path)``. With overlap scheduling these arrive one step late; that is fine.
