@@ -66,8 +66,6 @@ class Metrics(Protocol):
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
                     widths: Sequence[int] | None = None, plain: bool = False) -> None: ...
 
-    def record_plain_step(self, batch_size: int, *, switched: bool, predicted_goodput: float) -> None: ...
-
     def record_step_time(self, block_size: int, seconds: float) -> None: ...
 
     def record_ragged_step_time(self, seconds: float) -> None: ...
@@ -181,10 +179,11 @@ class ControllerLoop:
             return
         try:
             step, sampled = popped
+            accepted = np.asarray(accepted, dtype=np.int64)
             if step.plain and self.controller.observe_plain(step.rids, sampled):
-                self._after_observe(step, None, 0, None)
+                self._after_observe(step, accepted, 0, None)  # nothing drafted, one token per request
             else:
-                self._observe(step, sampled, np.asarray(accepted, dtype=np.int64))
+                self._observe(step, sampled, accepted)
         except Exception:  # a controller fault must not take serving down: keep the last width, say so
             logger.exception("dflash-serve: controller feedback failed (serving continues)")
             if self.metrics is not None:
@@ -216,10 +215,9 @@ class ControllerLoop:
             extra, budget = int((accepted - chain).sum()), d.block_size - 1
         self._after_observe(step, accepted, extra, budget)
 
-    def _after_observe(self, step: LaunchedStep, accepted: np.ndarray | None, extra: int,
-                       budget: int | None) -> None:
+    def _after_observe(self, step: LaunchedStep, accepted: np.ndarray, extra: int, budget: int | None) -> None:
         """What follows a step's observation: requests that finished while it was in flight, the cost-table sync,
-        metrics (``accepted`` None: a plain step, observed by ``observe_plain``)."""
+        metrics."""
         d, ctl = step.decision, self.controller
         if not self._finished_set.isdisjoint(step.rids):  # a request finished while this step was in flight
             for rid in step.rids:
@@ -232,13 +230,9 @@ class ControllerLoop:
             ctl.sync_cost_table(self._broadcast)
             synced = True
         if self.metrics is not None:
-            if accepted is None:
-                self.metrics.record_plain_step(len(step.rids), switched=d.switched,
-                                               predicted_goodput=d.predicted_goodput)
-            else:
-                self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
-                                         predicted_goodput=d.predicted_goodput, probe=d.probe,
-                                         tree_budget=budget, tree_extra=extra, widths=d.widths, plain=step.plain)
+            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
+                                     predicted_goodput=d.predicted_goodput, probe=d.probe,
+                                     tree_budget=budget, tree_extra=extra, widths=d.widths, plain=step.plain)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 

@@ -125,7 +125,6 @@ class _Counted:
         self.tried_at = np.zeros(max_block - 1, dtype=np.int64)  # by position - 1
         self.accepted_at = np.zeros(max_block - 1, dtype=np.int64)
         self.committed = np.zeros(max_block + 1, dtype=np.int64)  # request-steps by tokens committed
-        self.width1_commits = 0  # plain steps' request-steps (one token each), added to committed[1] on writing
         self.by_width: Counter[int] = Counter()
         self.probes: Counter[int] = Counter()
         self.tree_steps: Counter[int] = Counter()  # by budget
@@ -261,7 +260,6 @@ class DFlashMetrics:
             observe_values(self.step_seconds[b], np.asarray(seconds))
         if c.goodput is not None:
             self.goodput.set(c.goodput)
-        c.committed[1] += c.width1_commits
         observe_counts(self.committed, c.committed)
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
@@ -311,23 +309,6 @@ class DFlashMetrics:
         if b != self._last_block:
             self.block_size.set(b)
             self._last_block = b
-        c.goodput = predicted_goodput
-        c.steps += 1
-        if c.steps >= FLUSH_STEPS:
-            self.flush()
-
-    def record_plain_step(self, batch_size: int, *, switched: bool, predicted_goodput: float) -> None:
-        """``record_step`` of a width-1 step run as plain decoding (no probe, no tree, one token per request),
-        without building its arrays."""
-        c = self._counted
-        c.verify += batch_size
-        c.by_width[1] += 1
-        c.width1_commits += batch_size
-        c.plain += 1
-        c.switches += switched
-        if self._last_block != 1:
-            self.block_size.set(1)
-            self._last_block = 1
         c.goodput = predicted_goodput
         c.steps += 1
         if c.steps >= FLUSH_STEPS:
