@@ -100,7 +100,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         # a left request's deferred rows are written only where its slots may live on in the prefix cache
         self.draft_kv = DraftKV(super()._append_target_hidden_to_draft_kv_by_loc,
                                 compact=torch.device(self.device).type == "cpu",
-                                defers=os.environ.get(names.EAGER_APPEND) != "1",
+                                defers=os.environ.get(names.EAGER_APPEND) != "1", slots=self._draft_slots,
                                 keep_left=not get_memory().disable_radix_cache)
         self._prefill = None  # the prefill batch upstream is running (its prompt context is kept, not written)
         self._ahead: tuple[list[str], Decision] | None = None  # decided at decode preparation (prepare_decode)
@@ -112,6 +112,11 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             logger.info("dflash-serve DFLASH_ADAPTIVE: block %d, candidates %s, mode %s, cost profile %s",
                         self.max_block, self.loop.candidates, settings.controller.mode,
                         settings.cost_profile or "packaged roofline")
+
+    def _draft_slots(self) -> int:
+        """The draft pool's slot ids, its padding slot 0 included (SGLang sizes a pool's buffers size + page)."""
+        pool = self.draft_model_runner.token_to_kv_pool
+        return int(pool.size) + int(getattr(pool, "page_size", 1) or 1)
 
     @property
     def controller(self):
@@ -292,6 +297,8 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
             return decode_plain(ctx)
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
             self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
+            if batch.prefix_lens is not None:
+                self.draft_kv.admitted(batch.prefix_lens)  # a cached prefix: its parked rows are read (draft_kv.py)
             self._prefill = batch
             try:
                 return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
@@ -332,6 +339,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                 and self.draft_kv.defer_prompt(target_hidden[: cache_loc.numel()], cache_loc, positions,
                                                batch.reqs, batch.extend_lens)):
             return
+        self.draft_kv.written(cache_loc)  # a row parked for one of these slots is stale (steps/draft_kv.py)
         super()._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=target_hidden, cache_loc=cache_loc, positions=positions, cache_loc_2d=cache_loc_2d,
             commit_lens=commit_lens, extend_lens=extend_lens)

@@ -44,24 +44,38 @@ class DraftKV:
     Deferred appends (width-1 steps, ``defer``; a prefill's prompt context, ``defer_prompt``) are written in one
     pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
     none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), a request that has
-    left (finished, aborted, retracted: its slots may be handed on) ends its tenure: with ``keep_left`` (its slots
-    may live on in the prefix cache) every pending row is written at once, before a new owner's; without, its rows
-    are never written -- the next flush leaves them out, so no pass writes a slot twice and no row lands in a slot
-    that has moved on. So a request that never drafts pays no prompt context at its prefill, and none at all
-    without a prefix cache; the draft KV a draft reads is what per-step appends write (tested against ``defers``
-    off: every step and every prefill written at once, the reference)."""
+    left (finished, aborted, retracted: its slots may be handed on) ends its tenure. Without ``keep_left`` (no
+    prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked: only a
+    request admitted on a cached prefix (``admitted``) reads another's slots, so a flush writes them only once one
+    has been admitted since the last whole flush, or with the byte bound -- never on a prefill, never for a cache
+    nobody reads. A parked row whose slot a later row or write has taken (the cache evicted it and the slot was
+    handed on) is stale and never written (``_keeper``: the latest owner of every slot; a stale row goes to the
+    pool's padding slot 0, as SGLang's padded tokens do).
 
-    def __init__(self, write: Callable[..., None], *, compact: bool, defers: bool, keep_left: bool = True) -> None:
+    So a request that never drafts pays no prompt context at its prefill, and none at all without a prefix cache
+    or a later request on its prefix; no pass writes a slot twice, and no row lands in a slot that has moved on; the
+    draft KV a draft reads is what per-step appends write (tested against ``defers`` off: every step and every
+    prefill written at once, the reference)."""
+
+    def __init__(self, write: Callable[..., None], *, compact: bool, defers: bool, slots: Callable[[], int],
+                 keep_left: bool = True) -> None:
         self._write = write
         self._compact = compact
         self.defers = defers
         self.keep_left = keep_left
+        # the draft pool's slot count (its padding slot 0 included), asked once rows are first kept: the pool is
+        # built after the worker
+        self._slots = slots
         self._pending: list[DeferredAppend] = []
+        self._held: list[DeferredAppend] = []  # parked rows a flush left pending (no reader of the cache yet)
         # rid -> (Req, its KV record, its request-pool row, tenure): the slots a request held when its first pending
         # row was kept, numbered so that a re-admitted request's new rows are not its old ones
         self._owners: dict[str, tuple[Any, Any, Any, int]] = {}
         self._tenures = 0
         self._ended: list[int] = []  # tenures of requests that left, whose pending rows are never written
+        self._parked: set[int] = set()  # tenures of requests that left, whose rows a cached prefix may still need
+        self._cache_read = False  # a request admitted on a cached prefix since the last whole flush
+        self._keeper: torch.Tensor | None = None  # [slots]: the tenure of the latest row kept in each slot, 0 written
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
         self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
@@ -80,6 +94,11 @@ class DraftKV:
         memory already, and a wide step would otherwise project every drafted row to keep the committed ones. A
         row's K/V depends on that row alone (up to the rounding of a matmul over fewer rows: the draft's proposals,
         never the committed tokens)."""
+        self.written(cache_loc)  # a parked row kept for one of these slots is stale
+        self._append(hidden, cache_loc, positions, commit_lens)
+
+    def _append(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor,
+                commit_lens: torch.Tensor) -> None:
         bs, w = int(cache_loc.shape[0]), int(cache_loc.shape[1])
         if not self._compact:
             self._write(target_hidden=hidden.reshape(bs * w, -1), cache_loc=cache_loc.reshape(-1),
@@ -107,9 +126,12 @@ class DraftKV:
             owners = torch.repeat_interleave(owners, torch.tensor(counts, dtype=torch.int64))
         # copies: a CUDA graph's output buffer is overwritten by the next replay (the CPU's eager forward returns
         # new features every step: kept as they are)
-        self._pending.append(DeferredAppend(hidden if self._compact else hidden.clone(),
-                                            cache_loc.to(torch.int64, copy=True),
-                                            positions.to(torch.int64, copy=True), owners))
+        kept = DeferredAppend(hidden if self._compact else hidden.clone(), cache_loc.to(torch.int64, copy=True),
+                              positions.to(torch.int64, copy=True), owners)
+        self._pending.append(kept)
+        if self.keep_left:
+            self._keeper_map(kept.cache_loc).index_copy_(0, kept.cache_loc,
+                                                         owners.to(kept.cache_loc.device, non_blocking=True))
         self._rows += int(cache_loc.numel())
         self._bytes += hidden.numel() * hidden.element_size()
 
@@ -131,19 +153,28 @@ class DraftKV:
         return True
 
     def before_forward(self) -> None:
-        """Before any forward: a request that no longer owns its slots ends its tenure. With ``keep_left`` every
-        pending row is written now (every row is written sooner or later there: for a draft, or when its request
-        leaves); without, its rows are marked never to be written (the next flush leaves them out)."""
-        if not self._pending:
+        """Before any forward: a request that no longer owns its slots ends its tenure -- its rows parked with
+        ``keep_left`` (written by the flush that follows a reader of the cache), else marked never to be written."""
+        if not self._owners:
             return
-        gone = [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]
-        if not gone:
-            return
-        if self.keep_left:
-            self.flush()
-            return
-        for rid in gone:
-            self._ended.append(self._owners.pop(rid)[3])
+        for rid in [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]:
+            tenure = self._owners.pop(rid)[3]
+            if self.keep_left:
+                self._parked.add(tenure)
+            else:
+                self._ended.append(tenure)
+
+    def admitted(self, prefix_lens: Sequence[int]) -> None:
+        """A prefill's requests, with the tokens each takes from the prefix cache: one that takes any may read a
+        parked row's slot at its first draft."""
+        if any(int(n) > 0 for n in prefix_lens):
+            self._cache_read = True
+
+    def written(self, cache_loc: torch.Tensor) -> None:
+        """The caller wrote these draft-pool slots itself (a prefill's prompt context written at once): a parked
+        row kept for one of them before is stale."""
+        if self._parked:
+            self._keeper_map(cache_loc).index_fill_(0, cache_loc.reshape(-1).to(torch.int64), 0)
 
     def end_width1_step(self) -> None:
         """After a width-1 step: flush once DEFERRED_APPEND_BYTES are pending."""
@@ -152,23 +183,55 @@ class DraftKV:
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses), but the rows of tenures that
-        ended (``before_forward``)."""
-        if not self._pending:
+        ended (``before_forward``) and the parked ones, held for a later flush -- unless a request was admitted on
+        a cached prefix since the last whole flush, or DEFERRED_APPEND_BYTES are held."""
+        whole = self._cache_read or not self._parked or self._bytes >= DEFERRED_APPEND_BYTES
+        steps, self._pending = self._pending, []
+        if whole:
+            steps, self._held = self._held + steps, []
+        if not steps:
             return
-        steps, self._pending, self._rows, self._bytes = self._pending, [], 0, 0
         ended, self._ended = self._ended, []
-        self._owners.clear()
+        parked = self._parked
         hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
         cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc
         positions = torch.cat([d.positions for d in steps]) if len(steps) > 1 else steps[0].positions
+        owners = torch.cat([d.owners for d in steps]) if len(steps) > 1 else steps[0].owners
         if ended:
-            owners = torch.cat([d.owners for d in steps]) if len(steps) > 1 else steps[0].owners
-            keep = torch.isin(owners, torch.tensor(ended, dtype=torch.int64), invert=True).nonzero().view(-1)
-            self.rows_dropped += int(owners.numel()) - int(keep.numel())
-            if keep.numel() == 0:
-                return
-            keep = keep.to(cache_loc.device, non_blocking=True)  # built on the host: no device sync to size it
-            hidden, cache_loc, positions = (t.index_select(0, keep) for t in (hidden, cache_loc, positions))
+            gone = torch.isin(owners, torch.tensor(ended, dtype=torch.int64))
+            self.rows_dropped += int(gone.sum())
+        else:
+            gone = torch.zeros_like(owners, dtype=torch.bool)
+        held = torch.zeros_like(gone) if whole or not parked else torch.isin(
+            owners, torch.tensor(sorted(parked), dtype=torch.int64))
+        if held.any():
+            keep = held.nonzero().view(-1)
+            dev = keep.to(cache_loc.device, non_blocking=True)  # built on the host: no device sync to size it
+            self._held.append(DeferredAppend(hidden.index_select(0, dev), cache_loc.index_select(0, dev),
+                                             positions.index_select(0, dev), owners.index_select(0, keep)))
+        self._owners.clear()  # every live row is written now: a request's next row starts a new tenure
+        if whole:
+            self._parked, self._cache_read = set(), False
+        self._rows = sum(int(d.cache_loc.numel()) for d in self._held)
+        self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in self._held)
+        write = ~(gone | held)
+        if not bool(write.any()):
+            return
+        if not bool(write.all()):
+            keep = write.nonzero().view(-1)
+            dev = keep.to(cache_loc.device, non_blocking=True)
+            hidden, cache_loc, positions, owners = (hidden.index_select(0, dev), cache_loc.index_select(0, dev),
+                                                    positions.index_select(0, dev), owners.index_select(0, keep))
+        if parked and self.keep_left:
+            # a parked row whose slot was taken since is stale: to the padding slot (no device sync to drop it)
+            fresh = self._keeper_map(cache_loc).index_select(0, cache_loc) == owners.to(cache_loc.device,
+                                                                                        non_blocking=True)
+            cache_loc = torch.where(fresh, cache_loc, torch.zeros_like(cache_loc))
         n = int(cache_loc.numel())
-        self.append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
-                    torch.ones(n, dtype=torch.int32, device=cache_loc.device))
+        self._append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
+                     torch.ones(n, dtype=torch.int32, device=cache_loc.device))
+
+    def _keeper_map(self, like: torch.Tensor) -> torch.Tensor:
+        if self._keeper is None:
+            self._keeper = torch.zeros(self._slots(), dtype=torch.int64, device=like.device)
+        return self._keeper

@@ -51,3 +51,27 @@ def test_acceptance_after_resuming_equals_acceptance_never_paused(pausing_server
                      for r in (out[:-1] + out[-1])])
     assert seen[0] == seen[2] and seen[1] == seen[2]
     assert sum(c for _, _, c in seen[0]) > len(seen[0]) * 4, "few drafts accepted: resumption barely exercised"
+
+
+def test_a_request_on_the_prefix_of_one_that_never_drafted_is_served_as_with_per_step_appends(pausing_servers,
+                                                                                              prompt_ids):
+    """A request that finished inside a pause left its prompt context and every row deferred (parked with the
+    prefix cache, dropped without one); the next request on its prompt takes those slots from the cache and drafts:
+    the same output, drafts and accepts as where every row was written at once. (Which rows a flush writes is
+    tests/unit/test_draft_kv.py's: this pair's drafts do not tell a missing early context apart.)"""
+    from tests.integration.test_adaptive import scrape
+
+    stretch = PAUSES.index(1, PAUSES.index(16, 2))  # the first step of the long pause
+    fresh = prompt_ids[0][:1] + prompt_ids[1]  # a prompt no earlier test sent: no prefix of it is cached yet
+    seen = []
+    for server in pausing_servers:
+        while int(sum(scrape(server, "dflash_block_size_steps_total").values())) % len(PAUSES) != stretch:
+            server.generate(prompt_ids[0][:4], max_new_tokens=2, temperature=0)  # one decode step
+        first = server.generate(fresh, max_new_tokens=8, temperature=0)  # seven steps, all in the pause
+        again = server.generate(fresh, max_new_tokens=MAX_NEW, temperature=0)  # drafts after the pause
+        seen.append([(r["output_ids"], r["meta_info"]["spec_verify_ct"], r["meta_info"]["spec_num_correct_drafts"],
+                      r["meta_info"].get("cached_tokens")) for r in (first, again)])
+    assert seen[0][1][3] > 0, "the second request did not reuse the first one's prefix"
+    assert seen[0][0][2] == 0 and seen[0][1][2] > 4, "the first request drafted, or the second barely did"
+    assert [s[:3] for s in seen[0]] == [s[:3] for s in seen[2]]
+    assert [s[:3] for s in seen[1]] == [s[:3] for s in seen[2]]

@@ -97,6 +97,11 @@ SOURCES = [
     ("sglang.srt.managers.schedule_batch:Req.reset_for_retract", "self.is_retracted = True"),
     ("sglang.srt.managers.schedule_batch:Req.detach_kv", "kv, self.kv = self.kv, ReqKvInfo()"),
     ("sglang.srt.managers.schedule_batch:Req.finished", "return self.finished_reason is not None"),
+    # a stale parked row goes to the pool's padding slot 0, which the allocator never hands out
+    ("sglang.srt.mem_cache.allocator.token:TokenToKVPoolAllocator.clear",
+     "# The padded slot 0 is used for writing dummy outputs from padded tokens."),
+    ("sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator.clear",
+     "# The padded slot 0 is used for writing dummy outputs from padded tokens."),
     # a plain decode step: the running batch's decode preparation is update_running_batch's last call (after
     # retraction); run_batch's plain branch calls the same worker; the plain result path keys on the batch's own
     # algorithm; the plain preparation's slot bookkeeping is what alloc_for_decode_default keeps
