@@ -46,11 +46,10 @@ class DraftKV:
     none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), a request that has
     left (finished, aborted, retracted: its slots may be handed on) ends its tenure. Without ``keep_left`` (no
     prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked: only a
-    request admitted on a cached prefix (``admitted``) reads another's slots, so a flush writes them only once one
-    has been admitted since the last whole flush, or with the byte bound -- never on a prefill, never for a cache
-    nobody reads. A parked row whose slot a later row or write has taken (the cache evicted it and the slot was
-    handed on) is stale and never written (``_keeper``: the latest owner of every slot; a stale row goes to the
-    pool's padding slot 0, as SGLang's padded tokens do).
+    request admitted on a cached prefix reads another's slots (``admitted``: the slots it took), so a flush writes
+    a parked row only once such a request took its slot, or at the byte bound -- never on a prefill, never for a
+    cache nobody reads. A parked row whose slot a later row or write has taken (the cache evicted it and the slot
+    was handed on) is stale and dropped (``_keeper``: the latest owner of every slot, ``written``).
 
     So a request that never drafts pays no prompt context at its prefill, and none at all without a prefix cache
     or a later request on its prefix; no pass writes a slot twice, and no row lands in a slot that has moved on; the
@@ -74,8 +73,10 @@ class DraftKV:
         self._tenures = 0
         self._ended: list[int] = []  # tenures of requests that left, whose pending rows are never written
         self._parked: set[int] = set()  # tenures of requests that left, whose rows a cached prefix may still need
-        self._cache_read = False  # a request admitted on a cached prefix since the last whole flush
-        self._keeper: torch.Tensor | None = None  # [slots]: the tenure of the latest row kept in each slot, 0 written
+        self._cache_read = False  # a request admitted on a cached prefix since parked rows were last looked at
+        self._read_all = False  # ... one whose cached slots are not named: every parked row counts as read
+        self._read: torch.Tensor | None = None  # [slots]: taken from the prefix cache since that look
+        self._keeper: torch.Tensor | None = None  # [slots]: the tenure of the latest row kept in a slot (0: written)
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
         self.rows_dropped = 0  # rows of requests that left, never written (keep_left off)
@@ -164,10 +165,14 @@ class DraftKV:
             else:
                 self._ended.append(tenure)
 
-    def admitted(self, prefix_lens: Sequence[int]) -> None:
-        """A prefill's requests, with the tokens each takes from the prefix cache: one that takes any may read a
-        parked row's slot at its first draft."""
-        if any(int(n) > 0 for n in prefix_lens):
+    def admitted(self, slots: torch.Tensor | None) -> None:
+        """A prefill's requests took these draft-pool slots from the prefix cache (None: slots it cannot name, e.g.
+        a translating pool; then every parked row counts as read): a parked row in one is read by their first
+        draft, so the next flush writes it."""
+        if slots is None:
+            self._read_all = self._cache_read = True
+        elif slots.numel():
+            self._read_map(slots).index_fill_(0, slots.reshape(-1).to(torch.int64), True)
             self._cache_read = True
 
     def written(self, cache_loc: torch.Tensor) -> None:
@@ -183,53 +188,58 @@ class DraftKV:
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses), but the rows of tenures that
-        ended (``before_forward``) and the parked ones, held for a later flush -- unless a request was admitted on
-        a cached prefix since the last whole flush, or DEFERRED_APPEND_BYTES are held."""
-        whole = self._cache_read or not self._parked or self._bytes >= DEFERRED_APPEND_BYTES
+        ended (``before_forward``) and the parked ones nobody reads: held for a later flush. Parked rows are looked
+        at once a request was admitted on a cached prefix since the last look (``admitted``), or once
+        DEFERRED_APPEND_BYTES are held: a row a reader takes (or every fresh one, at the bound) is written, a stale
+        one dropped. (The look's row selection waits on the device; nothing else here does.)"""
+        look = bool(self._parked) and (self._cache_read or self._bytes >= DEFERRED_APPEND_BYTES)
         steps, self._pending = self._pending, []
-        if whole:
+        if look:
             steps, self._held = self._held + steps, []
         if not steps:
             return
         ended, self._ended = self._ended, []
-        parked = self._parked
         hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
         cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc
         positions = torch.cat([d.positions for d in steps]) if len(steps) > 1 else steps[0].positions
         owners = torch.cat([d.owners for d in steps]) if len(steps) > 1 else steps[0].owners
-        if ended:
-            gone = torch.isin(owners, torch.tensor(ended, dtype=torch.int64))
-            self.rows_dropped += int(gone.sum())
-        else:
-            gone = torch.zeros_like(owners, dtype=torch.bool)
-        held = torch.zeros_like(gone) if whole or not parked else torch.isin(
-            owners, torch.tensor(sorted(parked), dtype=torch.int64))
-        if held.any():
-            keep = held.nonzero().view(-1)
+        gone = torch.isin(owners, torch.tensor(ended, dtype=torch.int64))
+        self.rows_dropped += int(gone.sum())
+        parked = torch.isin(owners, torch.tensor(sorted(self._parked), dtype=torch.int64))
+        write, hold = ~(gone | parked), parked
+        if look and bool(parked.any()):
+            dev = cache_loc.device
+            fresh = self._keeper_map(cache_loc).index_select(0, cache_loc) == owners.to(dev, non_blocking=True)
+            read = (torch.ones_like(fresh) if self._read_all or self._bytes >= DEFERRED_APPEND_BYTES
+                    else self._read_map(cache_loc).index_select(0, cache_loc))
+            parked_dev = parked.to(dev, non_blocking=True)
+            write = write | (parked & (fresh & read).cpu())
+            hold = (parked_dev & fresh & ~read).cpu()
+            self._read_map(cache_loc).zero_()  # every read parked row is written now
+            self._cache_read = self._read_all = False
+        if bool(hold.any()):
+            keep = hold.nonzero().view(-1)
             dev = keep.to(cache_loc.device, non_blocking=True)  # built on the host: no device sync to size it
             self._held.append(DeferredAppend(hidden.index_select(0, dev), cache_loc.index_select(0, dev),
                                              positions.index_select(0, dev), owners.index_select(0, keep)))
         self._owners.clear()  # every live row is written now: a request's next row starts a new tenure
-        if whole:
-            self._parked, self._cache_read = set(), False
+        self._parked = {int(t) for d in self._held for t in d.owners.unique().tolist()}
         self._rows = sum(int(d.cache_loc.numel()) for d in self._held)
         self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in self._held)
-        write = ~(gone | held)
         if not bool(write.any()):
             return
         if not bool(write.all()):
             keep = write.nonzero().view(-1)
             dev = keep.to(cache_loc.device, non_blocking=True)
-            hidden, cache_loc, positions, owners = (hidden.index_select(0, dev), cache_loc.index_select(0, dev),
-                                                    positions.index_select(0, dev), owners.index_select(0, keep))
-        if parked and self.keep_left:
-            # a parked row whose slot was taken since is stale: to the padding slot (no device sync to drop it)
-            fresh = self._keeper_map(cache_loc).index_select(0, cache_loc) == owners.to(cache_loc.device,
-                                                                                        non_blocking=True)
-            cache_loc = torch.where(fresh, cache_loc, torch.zeros_like(cache_loc))
+            hidden, cache_loc, positions = (t.index_select(0, dev) for t in (hidden, cache_loc, positions))
         n = int(cache_loc.numel())
         self._append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
                      torch.ones(n, dtype=torch.int32, device=cache_loc.device))
+
+    def _read_map(self, like: torch.Tensor) -> torch.Tensor:
+        if self._read is None:
+            self._read = torch.zeros(self._slots(), dtype=torch.bool, device=like.device)
+        return self._read
 
     def _keeper_map(self, like: torch.Tensor) -> torch.Tensor:
         if self._keeper is None:

@@ -13,7 +13,7 @@ from sglang_ext.steps import draft_kv
 from sglang_ext.steps.draft_kv import DraftKV
 
 D = 4
-SINK = 0  # SGLang's padding slot: never a request's
+NONE = torch.empty(0, dtype=torch.int64)  # a prefill on no cached prefix
 
 
 class Req:
@@ -30,15 +30,11 @@ class Req:
 class Recorder:
     def __init__(self) -> None:
         self.passes: list[dict[int, tuple[int, float]]] = []  # per pass: slot -> (position, feature)
-        self.sunk = 0  # rows written to the padding slot (stale)
 
     def __call__(self, *, target_hidden, cache_loc, positions, **_) -> None:
         slots = cache_loc.tolist()
-        real = [s for s in slots if s != SINK]
-        assert len(set(real)) == len(real), "a pass wrote a slot twice"
-        self.passes.append({s: (int(p), float(h[0])) for s, p, h in zip(slots, positions.tolist(), target_hidden)
-                            if s != SINK})
-        self.sunk += len(slots) - len(real)
+        assert len(set(slots)) == len(slots), "a pass wrote a slot twice"
+        self.passes.append({s: (int(p), float(h[0])) for s, p, h in zip(slots, positions.tolist(), target_hidden)})
 
     def written(self) -> dict[int, tuple[int, float]]:
         out: dict[int, tuple[int, float]] = {}
@@ -100,17 +96,17 @@ def test_a_readmitted_request_keeps_its_new_rows_and_loses_its_old_ones() -> Non
     assert rec.written() == {50: (7, 50.0)} and d.rows_dropped == 1
 
 
-def test_with_a_prefix_cache_a_request_that_leaves_is_parked_until_a_request_on_a_cached_prefix_drafts() -> None:
+def test_with_a_prefix_cache_a_request_that_leaves_is_parked_until_a_request_on_its_prefix_drafts() -> None:
     """Its slots may live on in the prefix cache, where only a request admitted on a cached prefix reads them: not
-    written when it leaves (so not on the next request's prefill) nor by a draft that cannot read them; written,
-    once, by the first draft after such a request arrives."""
+    written when it leaves (so not on the next request's prefill) nor by a draft that cannot read them; the rows a
+    request on its prefix took are written, once, by the first draft after it arrives; the others wait."""
     d, rec = kv(keep_left=True)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"
     d.before_forward()
-    d.admitted([0])  # a prefill on no cached prefix
+    d.admitted(NONE)
     c = Req("c", 2)
     d.defer_prompt(*rows([30, 31]), [c], [2])
     assert rec.passes == []  # nothing written on leaving or on the prefill
@@ -119,11 +115,14 @@ def test_with_a_prefix_cache_a_request_that_leaves_is_parked_until_a_request_on_
     assert d.pending_rows == 3 and d.rows_dropped == 0
     d.flush()  # nothing new: a's rows still wait
     assert len(rec.passes) == 1
-    d.admitted([0, 2])  # a request on a cached prefix (a's prompt, say)
+    d.admitted(torch.tensor([10, 11]))  # a request on a's prompt
     d.flush()
-    assert rec.passes[-1] == {10: (0, 10.0), 11: (1, 11.0), 12: (2, 12.0)} and d.pending_rows == 0
+    assert rec.passes[-1] == {10: (0, 10.0), 11: (1, 11.0)} and d.pending_rows == 1  # a's output row waits
     d.flush()
     assert len(rec.passes) == 2  # written once
+    d.admitted(None)  # slots not named: every parked row counts as read
+    d.flush()
+    assert rec.passes[-1] == {12: (2, 12.0)} and d.pending_rows == 0
 
 
 @pytest.mark.parametrize("taken_by", ["a prompt kept", "a width-1 row kept", "a prompt written at once",
@@ -146,10 +145,9 @@ def test_a_parked_row_whose_slot_was_handed_on_is_never_written_over_its_new_own
         rec(target_hidden=new[0], cache_loc=new[1], positions=new[2])
     else:
         d.append(new[0].view(1, 1, D), new[1].view(1, 1), new[2].view(1, 1), torch.ones(1, dtype=torch.int32))
-    d.admitted([3])
+    d.admitted(torch.tensor([10, 11, 12]))  # a request on a's prompt: slot 11 is no longer a's
     d.flush()
-    assert rec.written() == {10: (0, 10.0), 11: (40, 99.0), 12: (2, 12.0)}
-    assert rec.sunk == 1 and d.pending_rows == 0
+    assert rec.written() == {10: (0, 10.0), 11: (40, 99.0), 12: (2, 12.0)} and d.pending_rows == 0
 
 
 def test_parked_rows_are_written_once_the_byte_bound_is_held(monkeypatch) -> None:
@@ -178,7 +176,7 @@ def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> 
     d.before_forward()
     assert rec.passes == [] and d.pending_rows == 1
     a.is_retracted, a.kv = False, SimpleNamespace(req_pool_idx=5)
-    d.admitted([1])  # back on its cached prefix
+    d.admitted(torch.tensor([10]))  # back on its cached prefix
     d.defer(*rows([50], 7), [a])
     d.flush()
     assert rec.written() == {10: (0, 10.0), 50: (7, 50.0)} and d.pending_rows == 0
