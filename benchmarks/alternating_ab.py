@@ -3,10 +3,14 @@
 Why: at one user a load-test point of 25 s holds some twenty requests, and the machine's drift between points
 moves a ratio by several percent. Here every server is up at once and each workload prompt is sent to every
 configuration in turn (the order rotating every round), so a ratio compares the same prompts under the same
-conditions; medians of per-request TTFT and TPOT, tokens/s over all requests.
+conditions; medians of per-request TTFT and TPOT, tokens/s over all requests. A server's own launch carries a bias
+too (the same code, launched twice, has served its model's forward several percent apart for a whole run): with
+`--launches N` every server is started N times, in a rotated order, the rounds split between launches, and the
+tables pool them, with each launch's ratios beside.
 
     python benchmarks/alternating_ab.py                                 # prose and chat: no-spec vs adaptive
     python benchmarks/alternating_ab.py --workloads chat --rounds 60 --configs no-spec adaptive adaptive-w1
+    python benchmarks/alternating_ab.py --launches 3 --rounds 60         # 20 rounds per launch of every server
     git worktree add /tmp/before HEAD~3 && python benchmarks/alternating_ab.py --before /tmp/before
 
 `--before DIR` adds `adaptive@before`: the default adaptive server run from the checkout DIR. Configurations are
@@ -59,6 +63,16 @@ def summarize(runs: list[tuple[float, float, int]]) -> dict:
             "mean_tokens": statistics.mean(r[2] for r in runs)}
 
 
+def with_ratios(table: dict, base_name: str) -> dict:
+    """Each row's TTFT, TPOT and tokens/s as multiples of the baseline's."""
+    base = table[base_name]
+    for row in table.values():
+        row["ttft_x"] = row["ttft_ms"] / base["ttft_ms"]
+        row["tpot_x"] = row["tpot_ms"] / base["tpot_ms"]
+        row["tokens_per_s_x"] = row["tokens_per_s"] / base["tokens_per_s"]
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
@@ -67,49 +81,65 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", nargs="+", default=["prose", "chat"])
     p.add_argument("--rounds", type=int, default=40, help="prompts per workload, each sent to every configuration")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--launches", type=int, default=1,
+                   help="start every server this many times (rotated order), the rounds split between launches")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="also run the default adaptive server from this checkout (adaptive@before)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/alternating_ab_cpu.json")
     args = p.parse_args(argv)
+    if args.launches < 1 or args.rounds < 1:
+        p.error("--launches and --rounds must be at least 1")
     from openai import OpenAI
 
     names = list(args.configs) + (["adaptive" + BEFORE] if args.before else [])
-    results: dict = {"rounds": args.rounds, "max_tokens": args.max_tokens, "workloads": {}}
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        servers = {}
-        for i, name in enumerate(names):
-            kw = {}
-            if name.endswith(BEFORE):
-                kw = {"env": {"PYTHONPATH": str(args.before)}, "cwd": args.before}
-            print(f"[ab] starting {name}", file=sys.stderr)
-            cfg = config_for(args.config, name.removesuffix(BEFORE))
-            servers[name] = stack.enter_context(ManagedServer(cfg, Path(tmp), f"s{i}", **kw))
-        clients = {n: OpenAI(base_url=s.url + "/v1", api_key="none") for n, s in servers.items()}
-        models = {n: c.models.list().data[0].id for n, c in clients.items()}
-        for wl, (convs, _) in workloads(args.workloads).items():
-            runs: dict[str, list] = {n: [] for n in names}
-            rng = random.Random(1)
-            for r in range(args.rounds + WARMUP_ROUNDS):
-                messages, temperature = rng.choice(convs)
-                for n in names[r % len(names):] + names[: r % len(names)]:
-                    run = one_request(clients[n], models[n], messages, args.max_tokens, temperature)
-                    if r >= WARMUP_ROUNDS:
-                        runs[n].append(run)
-                if (r + 1) % 10 == 0:
-                    print(f"[ab] {wl}: {r + 1}/{args.rounds + WARMUP_ROUNDS} rounds", file=sys.stderr)
-            table = {n: summarize(runs[n]) for n in names}
-            base = table[names[0]]
-            for row in table.values():
-                row["ttft_x"] = row["ttft_ms"] / base["ttft_ms"]
-                row["tpot_x"] = row["tpot_ms"] / base["tpot_ms"]
-                row["tokens_per_s_x"] = row["tokens_per_s"] / base["tokens_per_s"]
-            results["workloads"][wl] = table
-            print(f"\n#### {wl}, one user, {args.rounds} prompts in turns (x {names[0]})\n")
-            print("| config | TTFT p50 ms | x | TPOT p50 ms | x | tokens/s | x |")
-            print("|---|---:|---:|---:|---:|---:|---:|")
-            for n, row in table.items():
-                print(f"| {n} | {row['ttft_ms']:.1f} | {row['ttft_x']:.3f} | {row['tpot_ms']:.2f} | "
-                      f"{row['tpot_x']:.3f} | {row['tokens_per_s']:.1f} | {row['tokens_per_s_x']:.3f} |")
+    wls = workloads(args.workloads)
+    runs = {wl: {n: [] for n in names} for wl in wls}  # pooled over launches
+    per_launch: dict = {wl: [] for wl in wls}
+    rounds = -(-args.rounds // args.launches)
+    for launch in range(args.launches):
+        order = names[launch % len(names):] + names[: launch % len(names)]
+        with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+            servers = {}
+            for name in order:
+                kw = {}
+                if name.endswith(BEFORE):
+                    kw = {"env": {"PYTHONPATH": str(args.before)}, "cwd": args.before}
+                print(f"[ab] launch {launch + 1}/{args.launches}: starting {name}", file=sys.stderr)
+                cfg = config_for(args.config, name.removesuffix(BEFORE))
+                servers[name] = stack.enter_context(ManagedServer(cfg, Path(tmp), f"s{names.index(name)}", **kw))
+            clients = {n: OpenAI(base_url=s.url + "/v1", api_key="none") for n, s in servers.items()}
+            models = {n: c.models.list().data[0].id for n, c in clients.items()}
+            for wl, (convs, _) in wls.items():
+                mine: dict[str, list] = {n: [] for n in names}
+                rng = random.Random(1 + launch)
+                for r in range(rounds + WARMUP_ROUNDS):
+                    messages, temperature = rng.choice(convs)
+                    for n in names[r % len(names):] + names[: r % len(names)]:
+                        run = one_request(clients[n], models[n], messages, args.max_tokens, temperature)
+                        if r >= WARMUP_ROUNDS:
+                            mine[n].append(run)
+                    if (r + 1) % 10 == 0:
+                        print(f"[ab] launch {launch + 1}, {wl}: {r + 1}/{rounds + WARMUP_ROUNDS} rounds",
+                              file=sys.stderr)
+                for n in names:
+                    runs[wl][n] += mine[n]
+                per_launch[wl].append(with_ratios({n: summarize(mine[n]) for n in names}, names[0]))
+    results: dict = {"rounds": rounds * args.launches, "launches": args.launches, "max_tokens": args.max_tokens,
+                     "workloads": {}}
+    for wl in wls:
+        table = with_ratios({n: summarize(runs[wl][n]) for n in names}, names[0])
+        for n, row in table.items():
+            row["tokens_per_s_x_by_launch"] = [t[n]["tokens_per_s_x"] for t in per_launch[wl]]
+            row["tpot_x_by_launch"] = [t[n]["tpot_x"] for t in per_launch[wl]]
+        results["workloads"][wl] = table
+        print(f"\n#### {wl}, one user, {rounds * args.launches} prompts in turns, {args.launches} launch(es) "
+              f"(x {names[0]})\n")
+        print("| config | TTFT p50 ms | x | TPOT p50 ms | x | tokens/s | x | x by launch |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for n, row in table.items():
+            spread = " ".join(f"{x:.3f}" for x in row["tokens_per_s_x_by_launch"])
+            print(f"| {n} | {row['ttft_ms']:.1f} | {row['ttft_x']:.3f} | {row['tpot_ms']:.2f} | "
+                  f"{row['tpot_x']:.3f} | {row['tokens_per_s']:.1f} | {row['tokens_per_s_x']:.3f} | {spread} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nwrote {args.out}")

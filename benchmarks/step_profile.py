@@ -77,6 +77,8 @@ CONFIGS = {
     "adaptive-w16": {"speculative": {"algorithm": "dflash_adaptive",
                                      "adaptive": {"mode": "fixed", "fixed_block": 16}}},
     "adaptive": {"speculative": {"algorithm": "dflash_adaptive"}},  # the controller's own choice (defaults)
+    # the same without probes: what probing costs where drafts are never accepted
+    "adaptive-no-probes": {"speculative": {"algorithm": "dflash_adaptive", "adaptive": {"probe_interval": 0}}},
     # per-request widths: every step of 2+ requests ragged, alternate requests at 16 and 1 (mean width 8.5)
     "adaptive-ragged": {"speculative": {"algorithm": "dflash_adaptive",
                                         "adaptive": {"mode": "cycle", "candidates": [1, 16], "cycle_pattern": [16, 1],
@@ -95,7 +97,8 @@ FULL_DRAFTS = {names.FULL_DRAFTS: "1"}
 for _w in (4, 8):
     CONFIGS[f"adaptive-w{_w}-full"] = CONFIGS[f"adaptive-w{_w}"]
 ENV = {"adaptive-w4-full": FULL_DRAFTS, "adaptive-w8-full": FULL_DRAFTS}
-ON_DEMAND = ("dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full", "adaptive-tree16", "adaptive-tree31",
+ON_DEMAND = ("adaptive-no-probes", "dflash-b8", "adaptive-w8", "adaptive-w4-full", "adaptive-w8-full",
+             "adaptive-tree16", "adaptive-tree31",
              "adaptive-ragged", "adaptive-w1-trees")
 
 
