@@ -118,14 +118,6 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         pool = self.draft_model_runner.token_to_kv_pool
         return int(pool.size) + int(getattr(pool, "page_size", 1) or 1)
 
-    def _cached_prefix_slots(self, batch) -> torch.Tensor | None:
-        """The draft-pool slots a prefill's requests took from the prefix cache; None where the draft pool does not
-        name slots as req_to_token does (a translating pool)."""
-        if getattr(self.draft_model_runner.kv_index_translator, "is_translating", True):
-            return None
-        table = self.draft_model_runner.req_to_token_pool.req_to_token
-        return torch.cat([table[req.kv.req_pool_idx, :n] for req, n in zip(batch.reqs, batch.prefix_lens) if n > 0])
-
     @property
     def controller(self):
         return self.loop.controller
@@ -297,16 +289,17 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         now = time.perf_counter()
         mode = batch.forward_mode
-        self.draft_kv.before_forward()  # a request that left may hand its slots to this forward
-        if getattr(batch, PLAIN_ATTR, None) is not None and mode.is_decode():  # prepared as plain decoding
+        plain = getattr(batch, PLAIN_ATTR, None) is not None and mode.is_decode()  # prepared as plain decoding
+        prefill = not plain and (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle()
+                                 or batch.spec_info is None)
+        self.draft_kv.before_forward(decode=not prefill)  # a request that left may hand its slots to this forward
+        if plain:
             rids = [req.rid for req in batch.reqs]
             decision = self._decide(batch, rids, now)
             ctx = StepContext(self, batch, rids, decision, None, len(batch.reqs), on_publish, grammar_barrier)
             return decode_plain(ctx)
-        if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
+        if prefill:
             self.loop.interrupt()  # the next decode step does not follow a decode step: no step time
-            if batch.prefix_lens is not None and any(batch.prefix_lens):
-                self.draft_kv.admitted(self._cached_prefix_slots(batch))  # their parked rows are read: draft_kv.py
             self._prefill = batch
             try:
                 return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,

@@ -45,16 +45,17 @@ class DraftKV:
     pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
     none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), a request that has
     left (finished, aborted, retracted: its slots may be handed on) ends its tenure. Without ``keep_left`` (no
-    prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked: only a
-    request admitted on a cached prefix reads another's slots (``admitted``: the slots it took), so a flush writes
-    a parked row only once such a request took its slot, or at the byte bound -- never on a prefill, never for a
-    cache nobody reads. A parked row whose slot a later row or write has taken (the cache evicted it and the slot
-    was handed on) is stale and dropped (``_keeper``: the latest owner of every slot, ``written``).
+    prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked and
+    written before the next decode step (the cache may hand its slots to a later request's draft): not on a prefill,
+    so a new request's first token never waits for another's draft context. A parked row whose slot a later row or
+    write has taken meanwhile (a duplicate of a cached prefix freed, the slot handed to the prefill) is stale and
+    goes to the pool's padding slot 0, as SGLang's padded tokens do (``_keeper``: the latest owner of every slot,
+    ``written``).
 
-    So a request that never drafts pays no prompt context at its prefill, and none at all without a prefix cache
-    or a later request on its prefix; no pass writes a slot twice, and no row lands in a slot that has moved on; the
-    draft KV a draft reads is what per-step appends write (tested against ``defers`` off: every step and every
-    prefill written at once, the reference)."""
+    So a request that never drafts pays no prompt context at its prefill, and none at all without a prefix cache;
+    no pass writes a slot twice, and no row lands in a slot that has moved on; the draft KV a draft reads is what
+    per-step appends write (tested against ``defers`` off: every step and every prefill written at once, the
+    reference)."""
 
     def __init__(self, write: Callable[..., None], *, compact: bool, defers: bool, slots: Callable[[], int],
                  keep_left: bool = True) -> None:
@@ -66,16 +67,12 @@ class DraftKV:
         # built after the worker
         self._slots = slots
         self._pending: list[DeferredAppend] = []
-        self._held: list[DeferredAppend] = []  # parked rows a flush left pending (no reader of the cache yet)
         # rid -> (Req, its KV record, its request-pool row, tenure): the slots a request held when its first pending
         # row was kept, numbered so that a re-admitted request's new rows are not its old ones
         self._owners: dict[str, tuple[Any, Any, Any, int]] = {}
         self._tenures = 0
         self._ended: list[int] = []  # tenures of requests that left, whose pending rows are never written
-        self._parked: set[int] = set()  # tenures of requests that left, whose rows a cached prefix may still need
-        self._cache_read = False  # a request admitted on a cached prefix since parked rows were last looked at
-        self._read_all = False  # ... one whose cached slots are not named: every parked row counts as read
-        self._read: torch.Tensor | None = None  # [slots]: taken from the prefix cache since that look
+        self._parked: set[int] = set()  # tenures of requests that left, whose rows wait for the next decode step
         self._keeper: torch.Tensor | None = None  # [slots]: the tenure of the latest row kept in a slot (0: written)
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
@@ -153,27 +150,18 @@ class DraftKV:
         self._keep(hidden, cache_loc, positions, reqs, extend_lens)
         return True
 
-    def before_forward(self) -> None:
+    def before_forward(self, *, decode: bool) -> None:
         """Before any forward: a request that no longer owns its slots ends its tenure -- its rows parked with
-        ``keep_left`` (written by the flush that follows a reader of the cache), else marked never to be written."""
-        if not self._owners:
-            return
-        for rid in [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]:
-            tenure = self._owners.pop(rid)[3]
-            if self.keep_left:
-                self._parked.add(tenure)
-            else:
-                self._ended.append(tenure)
-
-    def admitted(self, slots: torch.Tensor | None) -> None:
-        """A prefill's requests took these draft-pool slots from the prefix cache (None: slots it cannot name, e.g.
-        a translating pool; then every parked row counts as read): a parked row in one is read by their first
-        draft, so the next flush writes it."""
-        if slots is None:
-            self._read_all = self._cache_read = True
-        elif slots.numel():
-            self._read_map(slots).index_fill_(0, slots.reshape(-1).to(torch.int64), True)
-            self._cache_read = True
+        ``keep_left``, else marked never to be written. Before a ``decode`` step, parked rows are written."""
+        if self._owners:
+            for rid in [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]:
+                tenure = self._owners.pop(rid)[3]
+                if self.keep_left:
+                    self._parked.add(tenure)
+                else:
+                    self._ended.append(tenure)
+        if decode and self._parked:
+            self.flush()
 
     def written(self, cache_loc: torch.Tensor) -> None:
         """The caller wrote these draft-pool slots itself (a prefill's prompt context written at once): a parked
@@ -188,58 +176,33 @@ class DraftKV:
 
     def flush(self) -> None:
         """Write the deferred appends in one pass (the writer a per-step append uses), but the rows of tenures that
-        ended (``before_forward``) and the parked ones nobody reads: held for a later flush. Parked rows are looked
-        at once a request was admitted on a cached prefix since the last look (``admitted``), or once
-        DEFERRED_APPEND_BYTES are held: a row a reader takes (or every fresh one, at the bound) is written, a stale
-        one dropped. (The look's row selection waits on the device; nothing else here does.)"""
-        look = bool(self._parked) and (self._cache_read or self._bytes >= DEFERRED_APPEND_BYTES)
-        steps, self._pending = self._pending, []
-        if look:
-            steps, self._held = self._held + steps, []
-        if not steps:
+        ended (``before_forward``); a parked row whose slot was taken since goes to the padding slot."""
+        if not self._pending:
             return
+        steps, self._pending, self._rows, self._bytes = self._pending, [], 0, 0
         ended, self._ended = self._ended, []
+        parked, self._parked = self._parked, set()
+        self._owners.clear()  # every row is written now: a request's next row starts a new tenure
         hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
         cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc
         positions = torch.cat([d.positions for d in steps]) if len(steps) > 1 else steps[0].positions
         owners = torch.cat([d.owners for d in steps]) if len(steps) > 1 else steps[0].owners
-        gone = torch.isin(owners, torch.tensor(ended, dtype=torch.int64))
-        self.rows_dropped += int(gone.sum())
-        parked = torch.isin(owners, torch.tensor(sorted(self._parked), dtype=torch.int64))
-        write, hold = ~(gone | parked), parked
-        if look and bool(parked.any()):
-            dev = cache_loc.device
-            fresh = self._keeper_map(cache_loc).index_select(0, cache_loc) == owners.to(dev, non_blocking=True)
-            read = (torch.ones_like(fresh) if self._read_all or self._bytes >= DEFERRED_APPEND_BYTES
-                    else self._read_map(cache_loc).index_select(0, cache_loc))
-            parked_dev = parked.to(dev, non_blocking=True)
-            write = write | (parked & (fresh & read).cpu())
-            hold = (parked_dev & fresh & ~read).cpu()
-            self._read_map(cache_loc).zero_()  # every read parked row is written now
-            self._cache_read = self._read_all = False
-        if bool(hold.any()):
-            keep = hold.nonzero().view(-1)
+        if ended:
+            keep = torch.isin(owners, torch.tensor(ended, dtype=torch.int64), invert=True).nonzero().view(-1)
+            self.rows_dropped += int(owners.numel()) - int(keep.numel())
+            if keep.numel() == 0:
+                return
             dev = keep.to(cache_loc.device, non_blocking=True)  # built on the host: no device sync to size it
-            self._held.append(DeferredAppend(hidden.index_select(0, dev), cache_loc.index_select(0, dev),
-                                             positions.index_select(0, dev), owners.index_select(0, keep)))
-        self._owners.clear()  # every live row is written now: a request's next row starts a new tenure
-        self._parked = {int(t) for d in self._held for t in d.owners.unique().tolist()}
-        self._rows = sum(int(d.cache_loc.numel()) for d in self._held)
-        self._bytes = sum(d.hidden.numel() * d.hidden.element_size() for d in self._held)
-        if not bool(write.any()):
-            return
-        if not bool(write.all()):
-            keep = write.nonzero().view(-1)
-            dev = keep.to(cache_loc.device, non_blocking=True)
             hidden, cache_loc, positions = (t.index_select(0, dev) for t in (hidden, cache_loc, positions))
+            owners = owners.index_select(0, keep)
+        if parked:
+            # a parked row whose slot was taken since is stale: to the padding slot (no device sync to drop it)
+            fresh = self._keeper_map(cache_loc).index_select(0, cache_loc) == owners.to(cache_loc.device,
+                                                                                        non_blocking=True)
+            cache_loc = torch.where(fresh, cache_loc, torch.zeros_like(cache_loc))
         n = int(cache_loc.numel())
         self._append(hidden.view(n, 1, -1), cache_loc.view(n, 1), positions.view(n, 1),
                      torch.ones(n, dtype=torch.int32, device=cache_loc.device))
-
-    def _read_map(self, like: torch.Tensor) -> torch.Tensor:
-        if self._read is None:
-            self._read = torch.zeros(self._slots(), dtype=torch.bool, device=like.device)
-        return self._read
 
     def _keeper_map(self, like: torch.Tensor) -> torch.Tensor:
         if self._keeper is None:

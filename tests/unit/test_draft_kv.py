@@ -1,7 +1,7 @@
 """DraftKV: deferred draft-KV appends (width-1 steps, a prefill's prompt context) reach the draft KV before a draft
-reads them; a request that leaves has its rows dropped (no prefix cache) or parked until a request on a cached
-prefix may read them (never over a later owner of their slots); no pass writes a slot twice. The writer is a
-recorder; the rules are the product's."""
+reads them; a request that leaves has its rows dropped (no prefix cache) or parked until the next decode step (never
+on a prefill, never over a later owner of their slots); no pass writes a slot twice. The writer is a recorder; the
+rules are the product's."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +13,7 @@ from sglang_ext.steps import draft_kv
 from sglang_ext.steps.draft_kv import DraftKV
 
 D = 4
-NONE = torch.empty(0, dtype=torch.int64)  # a prefill on no cached prefix
+SINK = 0  # SGLang's padding slot: never a request's
 
 
 class Req:
@@ -30,11 +30,15 @@ class Req:
 class Recorder:
     def __init__(self) -> None:
         self.passes: list[dict[int, tuple[int, float]]] = []  # per pass: slot -> (position, feature)
+        self.sunk = 0  # rows written to the padding slot (stale)
 
     def __call__(self, *, target_hidden, cache_loc, positions, **_) -> None:
         slots = cache_loc.tolist()
-        assert len(set(slots)) == len(slots), "a pass wrote a slot twice"
-        self.passes.append({s: (int(p), float(h[0])) for s, p, h in zip(slots, positions.tolist(), target_hidden)})
+        real = [s for s in slots if s != SINK]
+        assert len(set(real)) == len(real), "a pass wrote a slot twice"
+        self.passes.append({s: (int(p), float(h[0])) for s, p, h in zip(slots, positions.tolist(), target_hidden)
+                            if s != SINK})
+        self.sunk += len(slots) - len(real)
 
     def written(self) -> dict[int, tuple[int, float]]:
         out: dict[int, tuple[int, float]] = {}
@@ -59,7 +63,7 @@ def test_prompt_contexts_and_width1_rows_wait_for_the_next_draft_and_arrive_whol
     a, b = Req("a", 0), Req("b", 1)
     assert d.defer_prompt(*rows([10, 11, 12, 20, 21]), [a, b], [3, 2])  # one prefill of two prompts
     d.defer(*rows([13, 22], 3), [a, b])  # a width-1 step
-    d.before_forward()  # both still own their slots: nothing written
+    d.before_forward(decode=False)  # both still own their slots: nothing written
     d.end_width1_step()
     assert rec.passes == [] and d.pending_rows == 7
     d.flush()  # before a draft
@@ -74,7 +78,7 @@ def test_without_a_prefix_cache_a_left_requests_rows_are_never_written_and_the_o
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"  # a leaves: its slots 10-12 may be handed to the next prefill
-    d.before_forward()
+    d.before_forward(decode=False)
     assert rec.written() == {}  # b's rows still wait; a's are nobody's
     c = Req("c", 0)  # takes a's request-pool row and slots
     d.defer_prompt(*rows([10, 11]), [c], [2])
@@ -90,39 +94,30 @@ def test_a_readmitted_request_keeps_its_new_rows_and_loses_its_old_ones() -> Non
     a = Req("a", 0)
     d.defer(*rows([10]), [a])
     a.kv = SimpleNamespace(req_pool_idx=5)  # re-admitted: a new KV record, new slots
-    d.before_forward()
+    d.before_forward(decode=False)
     d.defer(*rows([50], 7), [a])
     d.flush()
     assert rec.written() == {50: (7, 50.0)} and d.rows_dropped == 1
 
 
-def test_with_a_prefix_cache_a_request_that_leaves_is_parked_until_a_request_on_its_prefix_drafts() -> None:
-    """Its slots may live on in the prefix cache, where only a request admitted on a cached prefix reads them: not
-    written when it leaves (so not on the next request's prefill) nor by a draft that cannot read them; the rows a
-    request on its prefix took are written, once, by the first draft after it arrives; the others wait."""
+def test_with_a_prefix_cache_a_request_that_leaves_is_written_before_the_next_decode_step_not_a_prefill() -> None:
+    """Its slots may live on in the prefix cache, where a later request's draft reads them: written before the next
+    decode step (with every pending row), not before a prefill (the new request's first token does not wait)."""
     d, rec = kv(keep_left=True)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"
-    d.before_forward()
-    d.admitted(NONE)
+    d.before_forward(decode=False)  # a prefill
     c = Req("c", 2)
     d.defer_prompt(*rows([30, 31]), [c], [2])
-    assert rec.passes == []  # nothing written on leaving or on the prefill
-    d.flush()  # a draft of b and c: their rows, not a's
-    assert rec.written() == {20: (2, 20.0), 21: (3, 21.0), 30: (0, 30.0), 31: (1, 31.0)}
-    assert d.pending_rows == 3 and d.rows_dropped == 0
-    d.flush()  # nothing new: a's rows still wait
-    assert len(rec.passes) == 1
-    d.admitted(torch.tensor([10, 11]))  # a request on a's prompt
-    d.flush()
-    assert rec.passes[-1] == {10: (0, 10.0), 11: (1, 11.0)} and d.pending_rows == 1  # a's output row waits
-    d.flush()
-    assert len(rec.passes) == 2  # written once
-    d.admitted(None)  # slots not named: every parked row counts as read
-    d.flush()
-    assert rec.passes[-1] == {12: (2, 12.0)} and d.pending_rows == 0
+    assert rec.passes == [] and d.pending_rows == 7
+    d.before_forward(decode=True)
+    assert len(rec.passes) == 1 and d.pending_rows == 0 and d.rows_dropped == 0
+    assert rec.written() == {10: (0, 10.0), 11: (1, 11.0), 12: (2, 12.0), 20: (2, 20.0), 21: (3, 21.0),
+                             30: (0, 30.0), 31: (1, 31.0)}
+    d.before_forward(decode=True)
+    assert len(rec.passes) == 1  # written once
 
 
 @pytest.mark.parametrize("taken_by", ["a prompt kept", "a width-1 row kept", "a prompt written at once",
@@ -133,7 +128,7 @@ def test_a_parked_row_whose_slot_was_handed_on_is_never_written_over_its_new_own
     a = Req("a", 0)
     d.defer_prompt(*rows([10, 11, 12]), [a], [3])
     a.finished_reason = "stop"
-    d.before_forward()
+    d.before_forward(decode=False)
     c = Req("c", 0)
     new = (torch.full((1, D), 99.0), torch.tensor([11]), torch.tensor([40]))  # slot 11 is c's now
     if taken_by == "a prompt kept":
@@ -145,27 +140,26 @@ def test_a_parked_row_whose_slot_was_handed_on_is_never_written_over_its_new_own
         rec(target_hidden=new[0], cache_loc=new[1], positions=new[2])
     else:
         d.append(new[0].view(1, 1, D), new[1].view(1, 1), new[2].view(1, 1), torch.ones(1, dtype=torch.int32))
-    d.admitted(torch.tensor([10, 11, 12]))  # a request on a's prompt: slot 11 is no longer a's
     d.flush()
-    assert rec.written() == {10: (0, 10.0), 11: (40, 99.0), 12: (2, 12.0)} and d.pending_rows == 0
+    assert rec.written() == {10: (0, 10.0), 11: (40, 99.0), 12: (2, 12.0)}
+    assert rec.sunk == 1 and d.pending_rows == 0
 
 
-def test_parked_rows_are_written_once_the_byte_bound_is_held(monkeypatch) -> None:
+def test_parked_rows_are_written_with_the_rest_at_the_byte_bound(monkeypatch) -> None:
     monkeypatch.setattr(draft_kv, "DEFERRED_APPEND_BYTES", 4 * D * 4)  # four float32 rows
     d, rec = kv(keep_left=True)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 12]), [a], [3])
     a.finished_reason = "stop"
-    d.before_forward()
+    d.before_forward(decode=False)
     d.defer(*rows([20]), [b])
-    d.end_width1_step()  # four rows held, no reader: the bound writes them all
+    d.end_width1_step()  # four rows held: written, a's among them
     assert sorted(rec.written()) == [10, 11, 12, 20] and d.pending_rows == 0
 
 
 @pytest.mark.parametrize("how", ["retracted", "readmitted"])
 def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> None:
-    """Its old rows are parked (its prefix may be cached), its new ones are its own: the draft after it comes back
-    on its cached prefix writes both."""
+    """Its old rows are parked (its prefix may be cached) and written before the next decode step."""
     d, rec = kv()
     a = Req("a", 0)
     d.defer(*rows([10]), [a])
@@ -173,13 +167,10 @@ def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> 
         a.is_retracted = True
     else:
         a.kv = SimpleNamespace(req_pool_idx=5)  # a new KV record: new slots
-    d.before_forward()
+    d.before_forward(decode=False)
     assert rec.passes == [] and d.pending_rows == 1
-    a.is_retracted, a.kv = False, SimpleNamespace(req_pool_idx=5)
-    d.admitted(torch.tensor([10]))  # back on its cached prefix
-    d.defer(*rows([50], 7), [a])
-    d.flush()
-    assert rec.written() == {10: (0, 10.0), 50: (7, 50.0)} and d.pending_rows == 0
+    d.before_forward(decode=True)
+    assert rec.written() == {10: (0, 10.0)} and d.pending_rows == 0
 
 
 def test_a_prompt_past_the_row_bound_or_with_deferring_off_is_left_to_the_caller(monkeypatch) -> None:

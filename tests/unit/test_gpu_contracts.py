@@ -97,10 +97,11 @@ SOURCES = [
     ("sglang.srt.managers.schedule_batch:Req.reset_for_retract", "self.is_retracted = True"),
     ("sglang.srt.managers.schedule_batch:Req.detach_kv", "kv, self.kv = self.kv, ReqKvInfo()"),
     ("sglang.srt.managers.schedule_batch:Req.finished", "return self.finished_reason is not None"),
-    # the slots a request takes from the prefix cache are its req_to_token row's first prefix_len, which is what a
-    # draft pool that does not translate ids names them by (worker._cached_prefix_slots)
-    ("sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.__init__",
-     "self.is_translating = is_unified_target or is_fused_draft"),
+    # a stale parked row goes to the pool's padding slot 0, which the allocator never hands out
+    ("sglang.srt.mem_cache.allocator.token:TokenToKVPoolAllocator.clear",
+     "# The padded slot 0 is used for writing dummy outputs from padded tokens."),
+    ("sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator.clear",
+     "# The padded slot 0 is used for writing dummy outputs from padded tokens."),
     # a plain decode step: the running batch's decode preparation is update_running_batch's last call (after
     # retraction); run_batch's plain branch calls the same worker; the plain result path keys on the batch's own
     # algorithm; the plain preparation's slot bookkeeping is what alloc_for_decode_default keeps
