@@ -45,12 +45,12 @@ class DraftKV:
     pass (``flush``) before anything reads the draft KV -- the caller flushes before every draft; a prefill reads
     none -- and once DEFERRED_APPEND_BYTES are held. Before any forward (``before_forward``), a request that has
     left (finished, aborted, retracted: its slots may be handed on) ends its tenure. Without ``keep_left`` (no
-    prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked and
-    written before the next decode step (the cache may hand its slots to a later request's draft): not on a prefill,
-    so a new request's first token never waits for another's draft context. A parked row whose slot a later row or
-    write has taken meanwhile (a duplicate of a cached prefix freed, the slot handed to the prefill) is stale and
-    goes to the pool's padding slot 0, as SGLang's padded tokens do (``_keeper``: the latest owner of every slot,
-    ``written``).
+    prefix cache) its rows are never written: the next flush leaves them out. With it, its rows are parked (the
+    cache may hand its slots to a later request's draft) and written before the first decode step after a prefill
+    (or by any flush): never before a prefill, so a new request's first token does not wait for another's draft
+    context. A parked row whose slot a later row or write has taken meanwhile (a duplicate of a cached prefix
+    freed, the slot handed to the prefill) is stale and goes to the pool's padding slot 0, as SGLang's padded
+    tokens do (``_keeper``: the latest owner of every slot, ``written``).
 
     So a request that never drafts pays no prompt context at its prefill, and none at all without a prefix cache;
     no pass writes a slot twice, and no row lands in a slot that has moved on; the draft KV a draft reads is what
@@ -72,7 +72,8 @@ class DraftKV:
         self._owners: dict[str, tuple[Any, Any, Any, int]] = {}
         self._tenures = 0
         self._ended: list[int] = []  # tenures of requests that left, whose pending rows are never written
-        self._parked: set[int] = set()  # tenures of requests that left, whose rows wait for the next decode step
+        self._parked: set[int] = set()  # tenures of requests that left, whose rows wait (before_forward)
+        self._after_prefill = False  # a prefill ran since rows were parked: the next decode step writes them
         self._keeper: torch.Tensor | None = None  # [slots]: the tenure of the latest row kept in a slot (0: written)
         self._rows = 0  # rows pending
         self._bytes = 0  # their features' bytes
@@ -152,7 +153,10 @@ class DraftKV:
 
     def before_forward(self, *, decode: bool) -> None:
         """Before any forward: a request that no longer owns its slots ends its tenure -- its rows parked with
-        ``keep_left``, else marked never to be written. Before a ``decode`` step, parked rows are written."""
+        ``keep_left``, else marked never to be written. Parked rows are written before the first ``decode`` step
+        after a prefill (not ``decode``): that prefill admitted what was waiting, so no first token waits for them
+        then -- where a request that left is followed by the next one (a closed loop), writing them at the very
+        next step would delay exactly that request's prefill."""
         if self._owners:
             for rid in [rid for rid, o in self._owners.items() if not _owns_its_slots(*o[:3])]:
                 tenure = self._owners.pop(rid)[3]
@@ -160,7 +164,9 @@ class DraftKV:
                     self._parked.add(tenure)
                 else:
                     self._ended.append(tenure)
-        if decode and self._parked:
+        if not decode:
+            self._after_prefill = self._after_prefill or bool(self._parked)
+        elif self._after_prefill:
             self.flush()
 
     def written(self, cache_loc: torch.Tensor) -> None:
@@ -181,7 +187,7 @@ class DraftKV:
             return
         steps, self._pending, self._rows, self._bytes = self._pending, [], 0, 0
         ended, self._ended = self._ended, []
-        parked, self._parked = self._parked, set()
+        parked, self._parked, self._after_prefill = self._parked, set(), False
         self._owners.clear()  # every row is written now: a request's next row starts a new tenure
         hidden = torch.cat([d.hidden for d in steps]) if len(steps) > 1 else steps[0].hidden
         cache_loc = torch.cat([d.cache_loc for d in steps]) if len(steps) > 1 else steps[0].cache_loc

@@ -100,14 +100,17 @@ def test_a_readmitted_request_keeps_its_new_rows_and_loses_its_old_ones() -> Non
     assert rec.written() == {50: (7, 50.0)} and d.rows_dropped == 1
 
 
-def test_with_a_prefix_cache_a_request_that_leaves_is_written_before_the_next_decode_step_not_a_prefill() -> None:
-    """Its slots may live on in the prefix cache, where a later request's draft reads them: written before the next
-    decode step (with every pending row), not before a prefill (the new request's first token does not wait)."""
+def test_with_a_prefix_cache_a_request_that_leaves_is_written_after_the_next_prefill_never_before_it() -> None:
+    """Its slots may live on in the prefix cache, where a later request's draft reads them: written before the first
+    decode step after a prefill (with every pending row), never before a prefill -- the request that follows it in
+    a closed loop does not wait for them."""
     d, rec = kv(keep_left=True)
     a, b = Req("a", 0), Req("b", 1)
     d.defer_prompt(*rows([10, 11, 20]), [a, b], [2, 1])
     d.defer(*rows([12, 21], 2), [a, b])
     a.finished_reason = "stop"
+    d.before_forward(decode=True)  # b decodes on; the next request has not arrived
+    assert rec.passes == []
     d.before_forward(decode=False)  # a prefill
     c = Req("c", 2)
     d.defer_prompt(*rows([30, 31]), [c], [2])
@@ -159,7 +162,7 @@ def test_parked_rows_are_written_with_the_rest_at_the_byte_bound(monkeypatch) ->
 
 @pytest.mark.parametrize("how", ["retracted", "readmitted"])
 def test_a_retracted_or_readmitted_request_no_longer_owns_its_rows(how: str) -> None:
-    """Its old rows are parked (its prefix may be cached) and written before the next decode step."""
+    """Its old rows are parked (its prefix may be cached) and written before the decode step after a prefill."""
     d, rec = kv()
     a = Req("a", 0)
     d.defer(*rows([10]), [a])
