@@ -4,7 +4,7 @@ Why: at one user a load-test point of 25 s holds some twenty requests, and the m
 moves a ratio by several percent. Here every server is up at once and each workload prompt is sent to every
 configuration in turn (the order rotating every round), so a ratio compares the same prompts under the same
 conditions; medians of per-request TTFT and TPOT, tokens/s over all requests. A server's own launch carries a bias
-too (the same code, launched twice, has served its model's forward several percent apart for a whole run): with
+too (two servers running the same model forward have served it several percent apart for a whole run): with
 `--launches N` every server is started N times, in a rotated order, the rounds split between launches, and the
 tables pool them, with each launch's ratios beside.
 

@@ -114,7 +114,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
                         settings.cost_profile or "packaged roofline")
 
     def _draft_slots(self) -> int:
-        """The draft pool's slot ids, its padding slot 0 included (SGLang sizes a pool's buffers size + page)."""
+        """How many slot ids the draft pool has, its padding slot 0 included (a pool's buffers are size + page)."""
         pool = self.draft_model_runner.token_to_kv_pool
         return int(pool.size) + int(getattr(pool, "page_size", 1) or 1)
 
