@@ -7,15 +7,13 @@ Reads only config.json files and the safetensors header; imports neither torch n
 from __future__ import annotations
 
 import json
-import os
 import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import ConfigError, Device, ServeConfig
 from service.sglang_args import CPU_DEFAULTS
-from sglang_ext import names, refusals, support
+from sglang_ext import refusals, support
 from sglang_ext.sampling_refusals import lossy_sampling
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -75,9 +73,6 @@ def _get_int(cfg: dict, key: str, field: str, where: Path) -> int:
 
 
 def check(config: ServeConfig) -> PreflightReport:
-    refusal = _gpu_kit_refusal(config.server.device.value)
-    if refusal is not None:
-        raise ConfigError(refusal)
     target = _read_config(config.model.path, "model.path")
     tok_dir = config.model.tokenizer or config.model.path
     if not any((tok_dir / f).is_file() for f in _TOKENIZER_FILES):
@@ -158,19 +153,6 @@ def check(config: ServeConfig) -> PreflightReport:
         raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
                           f"for {len(layer_ids)} target layers of hidden size {hidden}")
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
-
-
-def _gpu_kit_refusal(device: str) -> str | None:
-    """The GPU kit's test-only mode is served only where the kit's start-up hook ran in this process (it stands
-    in for sgl_kernel, which the hook finds absent): the variable alone must never change how a server runs."""
-    if os.environ.get(names.GPU_KIT_TEST_ONLY) is None:
-        return None
-    from sglang_ext.cpu.stubs import is_stub
-
-    if device == "cuda" and is_stub(sys.modules.get("sgl_kernel")):
-        return None
-    return (f"{names.GPU_KIT_TEST_ONLY} is set, but it is a test-only mode that only scripts/gpu-kit/run.sh runs "
-            f"(on a GPU machine without sgl-kernel); unset it to serve")
 
 
 def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybrid: bool = False,

@@ -53,10 +53,6 @@ FlashInfer or Triton from a verify CUDA graph per tree width (verify_runtimes.py
 suite (tests/gpu/test_gpu_serving.py) has passed on a GPU: the GPU tree path is built and pinned to upstream's
 source but has not served on one yet. Read by the preflight and the worker."""
 
-GPU_KIT_TEST_ONLY = "DFLASH_SERVE_GPU_KIT_TEST_ONLY"
-"""'1', set by scripts/gpu-kit/run.sh only: the kit's start-up hook serves SGLang's GPU path without sgl-kernel
-(scripts/gpu-kit/gpu_kit_test_only.py). Never a serving mode: the preflight refuses it where that hook did not run."""
-
 # Set by the launcher for SGLang / OpenMP --------------------------------------------------------------------------
 SGLANG_POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
 """'1' on GPU for dflash_adaptive unless the user set it: SGLang backs the KV pool after CUDA-graph capture from

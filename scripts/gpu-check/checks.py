@@ -1,7 +1,8 @@
-"""The GPU kit's checks, each a function of its work folder returning its result's detail.
+"""The GPU check's serving checks, each a function of its work folder returning its result's detail.
 
-Servers are the product's own (`harness.server.ManagedServer`: `dflash-serve serve`), under the kit's test-only
-mode (gpu_kit_test_only.py); orchestrate.py runs each check in its own process with its own timeout.
+Servers are the product's own (`harness.server.ManagedServer`: `dflash-serve serve`), under the start-up hook
+(check_hook.py: its log marks; with --torch-kernels, its test-only mode); orchestrate.py runs each check in its own
+process with its own timeout.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ KIT = Path(__file__).resolve().parent
 REPO = KIT.parents[1]
 sys.path[:0] = [str(REPO), str(KIT)]
 
-from gpu_kit_test_only import JIT_LOG_MARK, REPLAY_LOG_MARK  # noqa: E402
+from check_hook import JIT_LOG_MARK, REPLAY_LOG_MARK  # noqa: E402
 from sglang_ext import names  # noqa: E402
 
 FELL_BACK = "falling back to eager path"  # upstream's warning when a Triton branch raised
@@ -36,7 +37,7 @@ TINY_NEW = 64
 TREE_WIDTHS = [1, 4, 16, 32, 64]  # above the tiny drafter's block 16: trees of 31 and 63 nodes
 BATCHES = [1, 8, 32, 64]
 SIMULATED_ACCEPT = 6.0  # SGLANG_SIMULATE_ACC_LEN of the sweep's speculative variants
-BIG_DIR = Path(os.environ.get("GPU_KIT_MODELS", "/tmp/gpu-kit-models"))
+BIG_DIR = Path(os.environ.get("DFLASH_SERVE_GPU_CHECK_MODELS", "/tmp/dflash-gpu-check-models"))
 
 
 @dataclass(frozen=True)

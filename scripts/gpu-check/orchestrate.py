@@ -1,12 +1,13 @@
-"""Run the GPU kit's checks ON the GPU machine (run.sh calls it): one JSON report and the logs under $OUT.
+"""Run the GPU check's serving checks on the GPU machine (run.sh calls it): one JSON report, the logs beside it.
 
-    python3 scripts/gpu-kit/orchestrate.py --out DIR [--work DIR] [--budget S] [--only NAME,...] [--serial] [--dry-run]
+    python3 scripts/gpu-check/orchestrate.py --out DIR [--work DIR] [--time-limit S] [--only NAME,...] [--serial]
+                                             [--dry-run]
 
-Every check (checks.py CHECKS) runs in its own process (`--one NAME`) with its own timeout, cut to what is left of
-the run's budget: a check that fails, raises or times out is recorded and the next one runs. The tiny checks run
-side by side (`--serial`: one at a time), the rest one at a time. `--dry-run` runs this orchestration with stand-in
-checks (no GPU, no server): the report's shape, a check that raises and one that outlives its timeout -- what
-tests/unit/test_gpu_kit.py runs.
+Every check (checks.py CHECKS) runs in its own process (`--one NAME`) with its own timeout (cut to what is left of
+`--time-limit`, when one is given): a check that fails, raises or times out is recorded and the next one runs. The
+tiny checks run side by side (`--serial`: one at a time), the rest one at a time. `--dry-run` runs this
+orchestration with stand-in checks (no GPU, no server): the report's shape, a check that raises and one that
+outlives its timeout -- what tests/unit/test_gpu_check.py runs. Exits 1 when a check failed, raised or timed out.
 """
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checks import CHECKS, Check, compare_greedy  # noqa: E402
 
-SCHEMA = 1
-LOG_TAIL = 2_000_000  # bytes of each server log kept in logs.tar.gz
+SCHEMA = 2
 STOP_S = 45  # a timed-out check's grace to stop its servers before it is killed
-RESERVE_S = STOP_S + 15  # of the budget, kept for the last check's stop and the report
+RESERVE_S = STOP_S + 15  # of a time limit, kept for the last check's stop and the report
+RUN_VAR = "DFLASH_SERVE_GPU_CHECK_RUN"  # inherited by every process of a run: how its leftovers are found
+BAD = ("fail", "error", "timeout")
 
 
 # -- dry run: the orchestration without a GPU ------------------------------------------------------------------------
@@ -95,16 +96,16 @@ def _finish(proc: subprocess.Popen, check: Check, work: Path, timeout: float) ->
     return json.loads(path.read_text())
 
 
-def orchestrate(checks: list[Check], work: Path, budget_s: float, serial: bool, dry: bool) -> dict:
+def orchestrate(checks: list[Check], work: Path, limit_s: float | None, serial: bool, dry: bool) -> dict:
     started = time.monotonic()
     results: dict[str, dict] = {}
 
     def left() -> float:
-        return budget_s - RESERVE_S - (time.monotonic() - started)
+        return float("inf") if limit_s is None else limit_s - RESERVE_S - (time.monotonic() - started)
 
     def skip(check: Check) -> bool:
         if left() < min(30.0, check.timeout_s):
-            results[check.name] = {"status": "skipped", "error": f"{left():.0f}s of the budget left"}
+            results[check.name] = {"status": "skipped", "error": f"{left():.0f}s of --time-limit left"}
             return True
         return False
 
@@ -141,42 +142,28 @@ def device_facts() -> dict:
     return facts
 
 
-def _stop_leftovers() -> list[int]:
-    """GPU processes a timed-out check left behind (SGLang runs in its own session): stopped by their pids."""
-    try:
-        q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    pids = [int(p) for p in q.stdout.split() if p.isdigit() and int(p) != os.getpid()]
-    for pid in pids:
+def _stop_leftovers(run_id: str) -> list[int]:
+    """Processes of this run a timed-out check left behind (SGLang's run in their own sessions): found by the
+    RUN_VAR they inherited, so nothing else on the machine is touched."""
+    marker = f"{RUN_VAR}={run_id}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            if pid != os.getpid() and marker in environ.read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+                pids.append(pid)
+        except (OSError, ProcessLookupError):
+            continue
     return pids
-
-
-def pack_logs(work: Path, out: Path) -> Path:
-    """Every server log and check output, each cut to its last LOG_TAIL bytes, in one file ($OUT returns 8)."""
-    dest = out / "logs.tar.gz"
-    with tarfile.open(dest, "w:gz") as tar:
-        for f in sorted(work.glob("*")):
-            if f.is_file() and f.suffix in (".log", ".stdout", ".yaml"):
-                data = f.read_bytes()[-LOG_TAIL:]
-                with tempfile.NamedTemporaryFile() as tmp:
-                    tmp.write(data)
-                    tmp.flush()
-                    tar.add(tmp.name, arcname=f.name)
-    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="the report's folder ($OUT on the device): report.json, logs.tar.gz")
-    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gpu-kit-work",
-                    help="servers' configs and logs, the checks' results (not under --out: $OUT returns 8 files)")
-    ap.add_argument("--budget", type=float, default=480, help="seconds for every check together")
+    ap.add_argument("--out", type=Path, help="the report's folder: report.json")
+    ap.add_argument("--work", type=Path, help="servers' configs and logs, the checks' results (default: OUT/work)")
+    ap.add_argument("--time-limit", type=float, help="seconds for every check together (default: none; each "
+                    "check has its own timeout)")
     ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
     ap.add_argument("--serial", action="store_true", help="run the tiny checks one at a time")
     ap.add_argument("--dry-run", action="store_true", help="stand-in checks: no GPU, no server")
@@ -193,27 +180,29 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--only: unknown checks {unknown}; known: {[c.name for c in table]}")
     checks = [c for c in table if not only or c.name in only]
+    a.work = a.work or a.out / "work"
     a.out.mkdir(parents=True, exist_ok=True)
     a.work.mkdir(parents=True, exist_ok=True)
+    run_id = os.environ.setdefault(RUN_VAR, uuid.uuid4().hex)
     t0 = time.time()
-    results = orchestrate(checks, a.work, a.budget, a.serial, a.dry_run)
-    leftovers = [] if a.dry_run else _stop_leftovers()
+    results = orchestrate(checks, a.work, a.time_limit, a.serial, a.dry_run)
+    leftovers = _stop_leftovers(run_id)
     counts: dict[str, int] = {}
     for r in results.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     report = {
-        "schema": SCHEMA, "kit": "dflash-serve scripts/gpu-kit", "dry_run": a.dry_run,
-        "started_unix": round(t0), "wall_s": round(time.time() - t0, 1), "budget_s": a.budget,
+        "schema": SCHEMA, "check": "dflash-serve scripts/gpu-check", "dry_run": a.dry_run,
+        "started_unix": round(t0), "wall_s": round(time.time() - t0, 1), "time_limit_s": a.time_limit,
+        "work": str(a.work),
         "device": {"dry_run": True} if a.dry_run else device_facts(),
         "checks": results, "summary": counts, "stopped_leftover_pids": leftovers,
     }
     (a.out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    pack_logs(a.work, a.out)
     width = max(len(n) for n in results)
     for name, r in results.items():
         print(f"{name:<{width}}  {r['status']:<8} {r.get('seconds', '')}")
     print(json.dumps(counts))
-    return 0
+    return 1 if any(r["status"] in BAD for r in results.values()) else 0
 
 
 if __name__ == "__main__":

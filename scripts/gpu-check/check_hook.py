@@ -1,11 +1,16 @@
-"""The GPU kit's test-only mode: SGLang's CUDA path on a GPU machine that has no sgl-kernel and no FlashInfer.
+"""The GPU check's start-up hook: what every process of a check run applies before SGLang's module-level imports.
 
-Never a serving mode. It runs only where scripts/gpu-kit/run.sh put its start-up hook (`HOOK_FILE` in the device's
-site-packages) and set `names.GPU_KIT_TEST_ONLY=1`; the wheel does not ship this file, and the preflight refuses
-the variable in any process where the hook did not run (service/preflight.py `_gpu_kit_refusal`).
+run.sh writes `HOOK_FILE` into the interpreter's site-packages for the length of a run (and removes it after) and
+sets `VAR` for the processes it starts; without the variable the hook does nothing, and the wheel ships neither.
 
-What it replaces, and nothing else, so the rest of SGLang's GPU path (scheduler, DFlash worker, our worker, CUDA
-graphs, Triton attention and verify kernels) is the real one:
+`VAR=observe` (every run) only logs what the report reads from the server logs: each JIT kernel SGLang builds
+(`JIT_LOG_MARK`; a failed build is remembered, not retried on every forward) and the first replay of every decode
+CUDA graph runner (`REPLAY_LOG_MARK`, with its verify width).
+
+`VAR=torch-kernels` (run.sh --torch-kernels) also serves SGLang's CUDA path on a GPU machine that has no sgl-kernel
+and no FlashInfer, as a test-only mode, never a serving one. What it replaces, and nothing else, so the rest of
+SGLang's GPU path (scheduler, DFlash worker, our worker, CUDA graphs, Triton attention and verify kernels) is the
+real one:
   * `sgl_kernel` imports: the CPU layer's import stub (sglang_ext/cpu/stubs.py); a stub op that is called raises
     naming itself, so a gap is a recorded failure, never garbage;
   * fused ops (RMSNorm, SiLU-and-mul, rotary, ...): SGLang's own pure-torch `forward_native`, through upstream's
@@ -15,9 +20,6 @@ graphs, Triton attention and verify kernels) is the real one:
     FlashInfer's on CUDA: dflash_utils' own torch fallback;
   * backends: Triton attention (target and draft) and the pytorch sampling backend, where the config leaves them
     unset.
-JIT kernels SGLang still asks for (`sglang.kernels.jit`, nvcc on the device) are logged with `JIT_LOG_MARK`, and the
-first replay of every decode CUDA graph runner with `REPLAY_LOG_MARK` (its verify width), so the kit's report lists
-what the device compiled and which captured graphs served.
 """
 from __future__ import annotations
 
@@ -32,15 +34,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the hook runs before the repository is on sys.path in SGLang's children
     sys.path.append(str(REPO))
 
-from sglang_ext import names  # noqa: E402
-
 logger = logging.getLogger(__name__)
 
-HOOK_FILE = "dflash_serve_gpu_kit_test_only.pth"
-# One line, as site.py runs it: a .pth line cannot span statements, and the module is found through the kit dir.
-HOOK_LINE = (f'import os, sys; os.environ.get("{names.GPU_KIT_TEST_ONLY}") == "1" and '
+VAR = "DFLASH_SERVE_GPU_CHECK"
+OBSERVE, TORCH_KERNELS = "observe", "torch-kernels"
+HOOK_FILE = "dflash_serve_gpu_check.pth"
+# One line, as site.py runs it: a .pth line cannot span statements, and the module is found through its folder.
+HOOK_LINE = (f'import os, sys; os.environ.get("{VAR}") in ("{OBSERVE}", "{TORCH_KERNELS}") and '
              f'(sys.path.append({str(Path(__file__).resolve().parent)!r}) or '
-             f'__import__("gpu_kit_test_only").install())\n')
+             f'__import__("check_hook").install())\n')
 
 # upstream switches: every fused op on its pure-torch forward; no version check of the absent sgl-kernel wheel
 UPSTREAM_ENV = {
@@ -53,9 +55,9 @@ BACKENDS = {
     "speculative_draft_attention_backend": "triton",
     "sampling_backend": "pytorch",
 }
-JIT_LOG_MARK = "gpu-kit: JIT kernel requested:"
-NO_JIT_VAR = "GPU_KIT_NO_JIT"  # '1': no nvcc build at all (see _log_jit)
-REPLAY_LOG_MARK = "gpu-kit: CUDA graph replayed: tokens per request"
+JIT_LOG_MARK = "gpu-check: JIT kernel requested:"
+NO_JIT_VAR = "DFLASH_SERVE_GPU_CHECK_NO_JIT"  # '1': no nvcc build at all (see _log_jit)
+REPLAY_LOG_MARK = "gpu-check: CUDA graph replayed: tokens per request"
 # sgl_kernel functions the CUDA path calls outside the fused ops, as torch-native stand-ins
 STUB_OPS = {
     # triton_backend.py asks whether to launch with programmatic dependent launch; without sgl-kernel, never
@@ -75,19 +77,31 @@ class _SglKernelSubmodules(frozenset):
         return isinstance(name, str) and name.startswith("sgl_kernel.") and name not in KEEP_MISSING
 
 
-def active() -> bool:
-    return os.environ.get(names.GPU_KIT_TEST_ONLY) == "1"
+def mode() -> str | None:
+    value = os.environ.get(VAR)
+    return value if value in (OBSERVE, TORCH_KERNELS) else None
 
 
 def install() -> list[str]:
-    """Apply the mode in this process when its variable is set; return what was applied (empty: inert)."""
-    if not active():
+    """Apply the hook in this process when its variable is set; return what was applied (empty: inert)."""
+    if mode() is None:
         return []
     if _installed:
         return list(_installed)
+    from sglang_ext.patches.wrap import when_imported
+
+    when_imported("sglang.kernels.jit.utils", _log_jit)
+    when_imported("sglang.srt.model_executor.runner.decode_cuda_graph_runner", _log_first_replay)
+    _installed.extend(["jit_log", "replay_log"])
+    if mode() == TORCH_KERNELS:
+        _torch_kernels()
+    return list(_installed)
+
+
+def _torch_kernels() -> None:
     if importlib.util.find_spec("sgl_kernel") is not None:
-        raise RuntimeError(f"{names.GPU_KIT_TEST_ONLY}=1 but sgl_kernel is installed: this machine serves with the "
-                           f"real kernels; unset {names.GPU_KIT_TEST_ONLY}")
+        raise RuntimeError(f"{VAR}={TORCH_KERNELS} but sgl_kernel is installed: this machine serves with the real "
+                           f"kernels; run the check without --torch-kernels")
     from sglang_ext.cpu import kernels, stubs
     from sglang_ext.patches.wrap import when_imported
 
@@ -106,10 +120,7 @@ def install() -> list[str]:
         _installed.append("ops:" + ",".join(sorted({**device_agnostic, **STUB_OPS})))
     when_imported("sglang.srt.speculative.dflash_utils", _chain_sampler)
     when_imported("sglang.srt.server_args", _backend_defaults)
-    when_imported("sglang.kernels.jit.utils", _log_jit)
-    when_imported("sglang.srt.model_executor.runner.decode_cuda_graph_runner", _log_first_replay)
-    _installed.extend(["chain_sampler", "backend_defaults", "jit_log", "replay_log"])
-    return list(_installed)
+    _installed.extend(["chain_sampler", "backend_defaults"])
 
 
 def _chain_sampler(du: ModuleType) -> None:
@@ -141,7 +152,8 @@ def _backend_defaults(sa: ModuleType) -> None:
 def _log_jit(ju: ModuleType) -> None:
     """Log each JIT build; remember a failed one. SGLang caches only successes (`cache_once`) and some callers
     catch the failure and take a torch path (`can_use_store_cache`), so an unremembered failure would run nvcc
-    again on every forward. `NO_JIT_VAR=1` fails every build at once: those torch paths only (a rerun's lever)."""
+    again on every forward. `NO_JIT_VAR=1` fails every build at once: those torch paths only (run.sh --no-jit,
+    for a machine whose nvcc cannot build them)."""
     from sglang_ext.patches.wrap import wrap
 
     failed: dict[str, BaseException] = {}
@@ -154,7 +166,7 @@ def _log_jit(ju: ModuleType) -> None:
             logger.warning("%s %s", JIT_LOG_MARK, args[0] if args else kwargs)
             try:
                 if os.environ.get(NO_JIT_VAR) == "1":
-                    raise RuntimeError(f"{NO_JIT_VAR}=1: JIT kernels are off in the GPU kit's test-only mode")
+                    raise RuntimeError(f"{NO_JIT_VAR}=1: JIT kernels are off for this GPU check")
                 return original(*args, **kwargs)
             except Exception as e:
                 failed[key] = e

@@ -1,26 +1,25 @@
-"""The GPU kit (scripts/gpu-kit/) is ready for one run on an offline GPU machine: its wheels cover what the serving
-path imports that the device image lacks, one version each, in parts that fit a transfer; the configs it serves pass the
-product's config loading and SGLang's own parser; its test-only mode is inert without its variable and refused
-by the preflight outside the kit; run.sh --dry-run writes a well-formed report in which a failing check and one
-that outlives its timeout are recorded, not fatal."""
+"""The GPU check (scripts/gpu-check/) is ready to run on a CUDA machine: the configs it serves pass the product's
+config loading and SGLang's own parser; its start-up hook is inert without its variable and its test-only mode
+applies only under it; the offline staging's `--torch-kernels` manifest covers what the serving path imports beyond
+torch and Triton, one version each, and a wheel the GPU machine already has is left out; run.sh --dry-run writes a
+well-formed report in which a failing check and one that outlives its timeout are recorded, not fatal."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, child_result
 
-KIT = REPO / "scripts" / "gpu-kit"
+KIT = REPO / "scripts" / "gpu-check"
 sys.path.insert(0, str(KIT))
 
 import checks  # noqa: E402
-import gpu_kit_test_only  # noqa: E402
+import check_hook  # noqa: E402
 import orchestrate  # noqa: E402
 import stage  # noqa: E402
 
@@ -54,57 +53,58 @@ def _cpu_pins() -> dict[str, str]:
     return pins
 
 
-def _device_image() -> set[str]:
-    lines = (KIT / "device-image.txt").read_text().splitlines()
-    return {stage.canonical(x) for x in lines if x.strip() and not x.startswith("#")}
+PROVIDED = {"torch", "triton"}  # the GPU machine's own CUDA build, never staged
 
 
-def test_manifest_covers_every_distribution_the_serving_path_imports_beyond_the_device_image():
+def test_torch_kernels_manifest_covers_every_distribution_the_serving_path_imports_beyond_torch():
     """What SGLang's HTTP server, scheduler, DFlash worker and our plugin import at module level here (the CPU
-    install, pinned by constraints-cpu.txt) and the device image does not have must travel as a wheel."""
+    install, pinned by constraints-cpu.txt), torch and Triton aside, must be staged for --torch-kernels."""
     imported = child_result("-c", IMPORTED_DISTRIBUTIONS, *SERVING_PATH)
-    pins, image = _cpu_pins(), _device_image()
-    needed = {stage.canonical(d) for d in imported} & set(pins) - image
+    pins = _cpu_pins()
+    needed = {stage.canonical(d) for d in imported} & set(pins) - PROVIDED
     staged = {stage.canonical(p.name) for p in stage.read_manifest()}
     assert needed, "the probe found no distribution: it did not import the serving path"
     assert sorted(needed - staged) == []
-    assert {"sglang", "transformers"} <= staged  # not pinned for CPU / older in the image
+    assert {"sglang", "transformers", "hatchling"} <= staged and not staged & PROVIDED
 
 
 def test_manifest_is_one_version_each_at_the_cpu_pins_unless_an_override_says_why():
     pins = stage.read_manifest()
     names = [stage.canonical(p.name) for p in pins]
-    assert len(names) == len(set(names)), "one version of each: two stop the whole install on the device"
+    assert len(names) == len(set(names)), "one version of each: two stop the whole install on the GPU machine"
     cpu = _cpu_pins()
     differ = [p.spec for p in pins if stage.canonical(p.name) in cpu and cpu[stage.canonical(p.name)] != p.version
               and not p.note.startswith("override:")]
     assert differ == []
 
 
-def test_parts_fit_the_room_a_call_leaves_and_an_oversized_wheel_is_named():
-    sizes = {"a": 30, "b": 20, "c": 15, "d": 10, "e": 5}
-    parts = stage.split(sizes, room=40)
-    assert sorted(n for p in parts for n in p) == sorted(sizes)
-    assert all(sum(sizes[n] for n in p) <= 40 for p in parts)
-    assert len(parts) == 2
-    with pytest.raises(ValueError, match="a .* larger than a transfer's room"):
-        stage.split({"a": 41}, room=40)
+def test_staging_leaves_out_what_the_gpu_machine_has_and_tells_run_sh_how_to_install(tmp_path, monkeypatch):
+    pins = stage.read_manifest()
+    have = tmp_path / "freeze.txt"
+    have.write_text(f"{pins[0].spec}\n{pins[1].name}==0.0.1\n-e git+https://example.invalid/x#egg=x\n")
+    asked = []
+
+    def download(specs, dest, python_version, platforms, resolve):
+        asked.append((specs, python_version, resolve))
+        for spec in specs:
+            name, version = spec.split("==")
+            (dest / f"{stage.canonical(name).replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"")
+
+    monkeypatch.setattr(stage, "download", download)
+    plan = stage.stage(tmp_path, "3.12", stage.PLATFORMS, stage.read_freeze(have), torch_kernels=True)
+    assert asked == [([p.spec for p in pins[1:]], "3.12", False)]
+    assert plan["no_deps"] and len(plan["wheels"]) == len(pins) - 1
+    assert json.loads((tmp_path / stage.STAGE_FILE).read_text()) == plan
 
 
-def test_slimmed_wheel_drops_the_members_and_their_record_lines(tmp_path):
-    wheel = tmp_path / "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("sglang/srt/server.py", "x = 1\n")
-        z.writestr("sglang/multimodal_gen/big.py", "y = 2\n")
-        z.writestr("sglang-0.5.23.dist-info/RECORD",
-                   "sglang/srt/server.py,sha256=a,6\nsglang/multimodal_gen/big.py,sha256=b,6\n")
-    with zipfile.ZipFile(stage.slim(wheel)) as z:
-        assert sorted(z.namelist()) == ["sglang-0.5.23.dist-info/RECORD", "sglang/srt/server.py"]
-        assert z.read("sglang-0.5.23.dist-info/RECORD") == b"sglang/srt/server.py,sha256=a,6\n"
+def test_default_staging_resolves_the_gpu_extra_and_the_test_tools():
+    reqs = stage.project_requirements()
+    assert any(r.startswith("sglang==") for r in reqs) and "pytest>=8" in reqs
+    assert any(r.startswith("hatchling") for r in reqs)
 
 
-def test_every_config_the_kit_serves_passes_config_loading_and_sglangs_parser(tmp_path, monkeypatch):
-    """A misspelt SGLang flag in a kit config would cost a whole run on the GPU machine; here it costs seconds."""
+def test_every_config_the_check_serves_passes_config_loading_and_sglangs_parser(tmp_path, monkeypatch):
+    """A misspelt SGLang flag in a check's config would cost a run on the GPU machine; here it costs seconds."""
     from service.config import parse_config
     from service.preflight import check
     from service.sglang_args import sglang_parser, validate_passthrough
@@ -128,13 +128,13 @@ def test_every_config_the_kit_serves_passes_config_loading_and_sglangs_parser(tm
             assert report.draft_block_size == 16
 
 
-PROBE_INERT = r"""
+PROBE_HOOK = r"""
 import json, os, sys
-sys.path.insert(0, "scripts/gpu-kit")
+sys.path.insert(0, "scripts/gpu-check")
 finders = len(sys.meta_path)
-import gpu_kit_test_only as mode
-exec(mode.HOOK_LINE)  # what site.py runs at every interpreter start once run.sh wrote the hook
-applied = mode.install()
+import check_hook as hook
+exec(hook.HOOK_LINE)  # what site.py runs at every interpreter start while run.sh's hook file is in place
+applied = hook.install()
 submodules = {}
 for name in ("sgl_kernel.quantization", "sgl_kernel.scalar_type"):
     try:
@@ -144,51 +144,54 @@ for name in ("sgl_kernel.quantization", "sgl_kernel.scalar_type"):
         submodules[name] = "missing"
 print("RESULT" + json.dumps({"applied": applied, "sgl_kernel": "sgl_kernel" in sys.modules, "submodules": submodules,
                              "finders_added": len(sys.meta_path) - finders,
-                             "env": [k for k in mode.UPSTREAM_ENV if k in os.environ]}))
+                             "env": [k for k in hook.UPSTREAM_ENV if k in os.environ]}))
 """
+MISSING = {"sgl_kernel.quantization": "missing", "sgl_kernel.scalar_type": "missing"}
 
 
-def test_test_only_mode_is_inert_without_its_variable():
-    out = child_result("-c", PROBE_INERT, cpu_layer=False)
-    assert out == {"applied": [], "sgl_kernel": False, "finders_added": 0, "env": [],
-                   "submodules": {"sgl_kernel.quantization": "missing", "sgl_kernel.scalar_type": "missing"}}
+@pytest.mark.parametrize("value", [None, "1", "anything"])
+def test_the_hook_is_inert_without_its_variable(value):
+    env = {} if value is None else {check_hook.VAR: value}
+    out = child_result("-c", PROBE_HOOK, cpu_layer=False, **env)
+    assert out == {"applied": [], "sgl_kernel": False, "finders_added": 0, "env": [], "submodules": MISSING}
 
 
-def test_test_only_mode_applies_with_its_variable():
-    out = child_result("-c", PROBE_INERT, cpu_layer=False, DFLASH_SERVE_GPU_KIT_TEST_ONLY="1")
+def test_observing_only_logs_and_stands_in_for_no_kernel():
+    out = child_result("-c", PROBE_HOOK, cpu_layer=False, **{check_hook.VAR: check_hook.OBSERVE})
+    assert out == {"applied": ["jit_log", "replay_log"], "sgl_kernel": False, "finders_added": 1, "env": [],
+                   "submodules": MISSING}  # the one finder: when_imported's
+
+
+def test_the_test_only_mode_applies_under_torch_kernels():
+    out = child_result("-c", PROBE_HOOK, cpu_layer=False, **{check_hook.VAR: check_hook.TORCH_KERNELS})
     assert "stub:sgl_kernel" in out["applied"] and out["sgl_kernel"]
-    assert out["env"] == list(gpu_kit_test_only.UPSTREAM_ENV)
+    assert out["env"] == list(check_hook.UPSTREAM_ENV)
     # SGLang's CUDA branches import sgl_kernel submodules its CPU path does not (gguf.py: sgl_kernel.quantization);
     # scalar_type stays missing so quantization/utils.py takes its ImportError fallback
     assert out["submodules"] == {"sgl_kernel.quantization": "stub", "sgl_kernel.scalar_type": "missing"}
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_preflight_refuses_the_test_only_variable_where_the_kit_hook_did_not_run(device, monkeypatch):
-    from service.config import ConfigError, parse_config
-    from service.preflight import check
-
-    cfg = checks.tiny_config({"algorithm": "dflash"})
-    cfg["server"]["device"] = device
-    monkeypatch.setenv("DFLASH_SERVE_GPU_KIT_TEST_ONLY", "1")
-    monkeypatch.delitem(sys.modules, "sgl_kernel", raising=False)
-    with pytest.raises(ConfigError, match="DFLASH_SERVE_GPU_KIT_TEST_ONLY is set, but it is a test-only mode"):
-        check(parse_config(cfg))
+def test_the_shipped_package_knows_nothing_of_the_check():
+    shipped = [REPO / "sglang_ext", REPO / "service"]
+    hits = [str(f.relative_to(REPO)) for root in shipped for f in root.rglob("*.py")
+            if check_hook.VAR in f.read_text() or "gpu-check" in f.read_text()]
+    assert hits == []
 
 
 def test_run_sh_dry_run_records_a_failing_and_a_timed_out_check_and_reports(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path)}
     only = "tiny_plain,tiny_greedy_matches_plain,dry_error,dry_timeout"
-    r = subprocess.run(["bash", str(KIT / "run.sh"), "--dry-run", "--budget", "120", "--only", only],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(KIT / "run.sh"), "--dry-run", "--out", str(out), "--time-limit", "120",
+                        "--only", only], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr  # a check raised, one timed out
+    report = json.loads((out / "report.json").read_text())
     assert report["schema"] == orchestrate.SCHEMA and report["dry_run"] is True
     assert {k: v["status"] for k, v in report["checks"].items()} == {
         "tiny_plain": "pass", "tiny_greedy_matches_plain": "pass", "dry_error": "error", "dry_timeout": "timeout"}
     assert "a check that raises" in report["checks"]["dry_error"]["error"]
     assert report["summary"] == {"pass": 2, "error": 1, "timeout": 1}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.tar.gz", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "work"]
+    assert (out / "work" / "results" / "dry_error.json").is_file()
 
 
 def test_greedy_comparison_names_the_first_divergence():
@@ -204,7 +207,7 @@ def test_greedy_comparison_names_the_first_divergence():
 
 def test_a_failed_jit_build_is_not_retried_on_every_call(monkeypatch):
     """SGLang caches JIT successes only, and store_cache's caller falls back to torch on a failure: unremembered,
-    a failed nvcc build would run again on every forward of the device run."""
+    a failed nvcc build would run again on every forward."""
     from types import ModuleType
 
     calls = []
@@ -215,12 +218,12 @@ def test_a_failed_jit_build_is_not_retried_on_every_call(monkeypatch):
 
     jit = ModuleType("fake_jit_utils")
     jit.load_jit = load_jit
-    gpu_kit_test_only._log_jit(jit)
+    check_hook._log_jit(jit)
     for _ in range(3):
         with pytest.raises(RuntimeError, match="nvcc failed for kvcache"):
             jit.load_jit("kvcache", 256)
     assert calls == ["kvcache"]
-    monkeypatch.setenv(gpu_kit_test_only.NO_JIT_VAR, "1")
+    monkeypatch.setenv(check_hook.NO_JIT_VAR, "1")
     with pytest.raises(RuntimeError, match="JIT kernels are off"):
         jit.load_jit("other")
     assert calls == ["kvcache"]
@@ -228,14 +231,14 @@ def test_a_failed_jit_build_is_not_retried_on_every_call(monkeypatch):
 
 def test_log_facts_read_what_the_server_and_the_mode_log():
     """The report's evidence (graphs captured and replayed per width, JIT builds, fallbacks, stub kernels called,
-    the KV pool) is read from the log lines verify_runtimes.py, the test-only mode, the CPU stubs and SGLang write."""
+    the KV pool) is read from the log lines verify_runtimes.py, the start-up hook, the CPU stubs and SGLang write."""
     log = "\n".join([
         "dflash-serve: captured target verify graphs for width 4 in 1.0s",
         "dflash-serve: captured target verify graphs for width 32 (a tree: with its custom mask, batch sizes up to 16)"
         " in 2.0s",
-        f"{gpu_kit_test_only.REPLAY_LOG_MARK} 4 (TARGET_VERIFY, batch 1)",
-        f"{gpu_kit_test_only.JIT_LOG_MARK} kvcache",
-        f"{gpu_kit_test_only.JIT_LOG_MARK} kvcache failed: nvcc exited 1",
+        f"{check_hook.REPLAY_LOG_MARK} 4 (TARGET_VERIFY, batch 1)",
+        f"{check_hook.JIT_LOG_MARK} kvcache",
+        f"{check_hook.JIT_LOG_MARK} kvcache failed: nvcc exited 1",
         "MissingKernelError: sgl_kernel.rmsnorm was called, but it is a GPU kernel with no CPU implementation in "
         "dflash-serve.",
         "KV Cache is allocated. #tokens: 1234",

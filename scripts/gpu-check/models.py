@@ -1,4 +1,4 @@
-"""The GPU kit's large pair, built on the device: a Qwen3-8B-shaped target and a z-lab-b16-shaped DFlash drafter.
+"""The GPU check's large pair, built on the GPU machine: a Qwen3-8B-shaped target and a z-lab-b16-shaped DFlash drafter.
 
 The target is only a config (SGLang fills random weights: `load_format: dummy`, a forward's time does not depend on
 their values) beside the bundled pair's tokenizer files, which the preflight looks for and the server never loads
