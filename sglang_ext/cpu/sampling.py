@@ -93,7 +93,7 @@ def chain_speculative_sampling_with_draft_probs(
     path a DFlash2 selector draws. Token-by-token: accept d_j iff q_j(d_j) is a probability and u_j * q_j(d_j) <
     p_j(d_j); at the first rejection the final token comes from relu(p - q) at that row, by inverse CDF with the
     final coin (from p itself when every draft was accepted). Exact for any q: the output is distributed as p.
-    The same coins give the kernel's outputs (tests/unit/test_cpu_sampling.py runs both)."""
+    The same coins give the kernel's outputs (tests/unit/test_cpu_draft_probs_sampling.py runs both)."""
     if block_verification:
         raise NotImplementedError("block verification (speculative_use_block_verification) has no CPU sampler; "
                                   "unset it on CPU")

@@ -106,7 +106,7 @@ def test_clients_that_disconnect_mid_stream_leave_nothing_behind(server):
 def test_a_request_without_max_tokens_decodes_to_the_context_limit_and_the_server_survives(server):
     """OpenAI's default (no max_tokens) on a model that does not stop: DFlash reserves 2 x block KV slots past the
     committed length; SGLang's req_to_token rows were 4 + block wider than the context, so the scheduler died at
-    the context limit (sglang_ext/dflash_headroom.py)."""
+    the context limit (sglang_ext/patches/dflash_headroom.py)."""
     status, raw = faults.send(server.url, "POST", "/v1/chat/completions", json.dumps({
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}).encode(),
         {**AUTH, "Content-Type": "application/json"}, timeout=600)
