@@ -1,26 +1,21 @@
 """Per-request verify widths: which width each request of a batch verifies in a ragged step.
 
 Why: one width per batch makes a request the drafter cannot guess verify as wide as the ones it guesses well, and on
-a verify that is compute on every token (CPU, a GPU past its knee) those rows cost as much as useful ones.
-benchmarks/per_request_widths.py bounds the gain with perfect knowledge (docs/ADAPTIVE.md); a ragged step -- request
-r drafts and verifies b_r positions, exactly what a batch-wide width-b_r step would run for it -- takes what that
-bound allows.
+a verify that is compute on every token (CPU, a GPU past its knee) those rows cost as much as useful ones. A ragged
+step -- request r drafts and verifies b_r positions, exactly what a batch-wide width-b_r step would run for it --
+runs sum_r b_r draft and verify rows, as many as a batch-wide step of the mean width m = mean(b_r).
 
-Contract: a ragged step of widths b_r runs sum_r b_r draft and verify rows, as many as a batch-wide step of the mean
-width m = mean(b_r). ``ragged_cost(points, floor, b)`` prices it from the batch's measured drafted widths
-(``points``: (width, seconds) of the cells with measurements, widths >= 2, increasing): interpolated between the two
-measured widths around m, the narrowest measured width's cost below it, never below ``floor`` (width 1's), and
-infinite above the widest measured width. Only measured cells, and only from above: an unmeasured cell is an
-extrapolation (priced from a neighbouring bucket's costs, ragged steps ran slower than the batch-wide width), and on
-a compute-bound, convex row the chord between two measured widths lies above the row. ``assign(E, widths, points,
-floor, start)`` -> (picks, goodput): the assignment of ``widths`` (any candidate: the price depends on the mean
-only) maximising sum_r E_r(b_r) / ragged_cost among the batch's efficient assignments: from every request at the
-narrowest width, widen one request one step at a time in order of tokens gained per row added (E_r is concave in b:
-each deeper position is accepted less often), so each prefix of that order is the most tokens for its rows; every
-prefix is priced and the best kept. Where the price is flat (below the narrowest measured width, or at width 1's
-floor) the best assignment can lie between two prefixes: the answer is then within 3 % of the brute-force best on a
-fully measured row, 7 % with two measured widths (tests/unit/controller/test_ragged.py). ``picks`` indexes
-``widths``.
+``ragged_cost(points, floor, b)`` prices it from the batch's measured drafted widths (``points``: (width, seconds)
+of the cells with measurements, widths >= 2, increasing): interpolated between the two measured widths around m,
+the narrowest measured width's cost below it, never below ``floor`` (width 1's), infinite above the widest. Only
+measured cells: an unmeasured one is an extrapolation (docs/HISTORY.md).
+
+``assign(E, widths, points, floor, start)`` -> (picks, goodput): from every request at the narrowest width, widen
+one request one step at a time in order of tokens gained per row added (E_r is concave in b), so each prefix of that
+order is the most tokens for its rows; every prefix is priced and the best kept (``picks`` indexes ``widths``).
+Where the price is flat the best assignment can lie between two prefixes: tests/unit/controller/test_ragged.py
+bounds the gap to the brute-force best.
+
 Invariants: pure numpy (no torch, no SGLang), deterministic (a stable sort: ties go to the earlier request and its
 narrower step), so every TP rank assigns the same widths from the same inputs; the goodput returned is that of the
 picks at their price.

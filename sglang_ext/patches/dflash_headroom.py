@@ -1,29 +1,19 @@
-"""Size the req_to_token rows for DFlash's decode reserve (all devices; DFLASH and DFLASH_ADAPTIVE).
+"""Size DFlash's decode reserve alike in the req_to_token rows, the decode allocation and the scheduler's
+estimate (all devices; DFLASH and DFLASH_ADAPTIVE).
 
-SGLang 0.5.23 gives every req_to_token row `context_len + 4 + speculative_num_draft_tokens` slots
-(mem_cache/allocation_sizing.py `get_req_to_token_extra_context_len`, marked FIXME upstream), widening it for the
-decode over-allocation only when page_size > 1 or for UNO. DFlash's decode step reserves `2 * block_size` slots
-past the committed length (speculative/dflash_info_v2.py `prepare_for_decode`: `reserve = 2 * block_size`). A
-request that decodes close to the context length -- any request without `max_tokens` whose model does not stop,
-e.g. `{"messages": [...], "ignore_eos": true}` -- then writes past its row: on CPU `IndexError: index 4116 is out of
-bounds for dimension 1 with size 4116` in the scheduler kills the server; on GPU the Triton kernel
-(`assign_req_to_token_pool`, masked only by the range end) writes into the next request's row (another request's
-KV mapping) or past the tensor. Found by the property-based run (tests/integration/test_reliability_serving.py);
-reproduced with builtin DFLASH and DFLASH_ADAPTIVE. The fix widens the rows by the reserve (int32 per slot: 2 *
-block + page - 1 + 4 more slots per request row, bytes).
+What: SGLang 0.5.23 gives every req_to_token row `context_len + 4 + speculative_num_draft_tokens` slots
+(mem_cache/allocation_sizing.py `get_req_to_token_extra_context_len`), while DFlash's decode step reserves
+`2 * block_size` slots past the committed length (speculative/dflash_info_v2.py `prepare_for_decode`). The rows are
+widened by that reserve. A DDTree width w above the block B writes w slots one step ahead of the host's committed
+lengths, so the reserve becomes w + B for the widest candidate (`page_aligned_decode_alloc_lens`, wrapped where
+`prepare_for_decode` imports it by name), and the rows and the scheduler's decode-memory estimate
+(`get_alloc_reserve_per_decode`, read by managers/schedule_batch.py `check_decode_mem`) grow by the same amount.
 
-DDTree windows wider than the block (DFLASH_ADAPTIVE with a candidate width w > B: a tree of w - 1 prefixes): the
-host's committed lengths lag the device by one step, which commits at most B tokens, so the 2 * B reserve
-guarantees B slots past a request's true length; a tree verify writes w. `prepare_for_decode` then reserves w + B
-for the widest candidate w (its `page_aligned_decode_alloc_lens`, imported by name, is wrapped there) and the rows
-grow by the same amount.
+Why: a request decoding close to its context length (no `max_tokens`, a model that does not stop) would write past
+its row -- on CPU the scheduler dies on an IndexError, on GPU the Triton kernel writes into another request's row --
+and an estimate below the allocation lets a full pool pass the check, so the allocation raises "Out of memory"
+where the scheduler should have retracted. How it was found: docs/HISTORY.md.
 
-The scheduler's decode-memory estimate must count the same w + B: `check_decode_mem` (managers/schedule_batch.py
-`_new_tokens_required_next_decode_spec_v2`, which reads `get_alloc_reserve_per_decode()` = 2 * B, imported by name)
-decides whether the next decode fits or `retract_decode` must free room. Counting 2 * B while `prepare_for_decode`
-allocates w + B let a full pool pass the check, and `alloc_token_slots` then raised "Out of memory" inside
-`prepare_for_decode`, killing the scheduler where it should have retracted. The reserve is widened by the same
-tree extra, so the check, the retraction loop (which converges on the same check) and the allocation agree.
 Retired by: upstream sizing DFlash's reserve (the rows, the decode allocation and the scheduler's estimate) from
 the verify width the worker uses.
 """
