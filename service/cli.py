@@ -44,7 +44,25 @@ def _check(a: argparse.Namespace) -> int:
     if spec.algorithm != "none":
         print(f"ok: {spec.algorithm} drafter {spec.draft_model_path} (trained block {r.draft_block_size}, "
               f"verify block {r.block_size}, target layers {list(r.target_layer_ids)})")
+    if config.server.device.value == "cuda":
+        _print_memory_plan(config, plan, a.gpu_memory_gib)
     return 0
+
+
+def _print_memory_plan(config, plan, gpu_memory_gib: float | None) -> None:
+    from service import memory_plan
+
+    if gpu_memory_gib is not None:
+        gpu = int(gpu_memory_gib * memory_plan.GIB), "--gpu-memory-gib"
+    else:
+        gpu = memory_plan.detect_gpu_bytes()
+    if gpu is None:
+        print("memory plan: no GPU found here (nvidia-smi); pass --gpu-memory-gib, e.g. 80 for an H100-80GB, "
+              "141 for an H200")
+        return
+    for line in memory_plan.for_config(config, plan.report, gpu_bytes=gpu[0], gpu_source=gpu[1],
+                                       env=plan.env).lines():
+        print(line)
 
 
 def _learn(a: argparse.Namespace) -> int:
@@ -82,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", "-c", required=True)
     c.add_argument("--skip-sglang-args", action="store_true",
                    help="do not import SGLang to validate sglang_args (fast)")
+    c.add_argument("--gpu-memory-gib", type=float, default=None, metavar="GIB",
+                   help="a GPU config: the memory of one GPU for the memory plan (default: read from nvidia-smi)")
     c.set_defaults(func=_check)
     ln = sub.add_parser("learn", help="fine-tune the drafter on captured traffic, gate it, hot-swap it (or roll "
                                       "back): its own process; docs/LEARNING.md")
