@@ -219,6 +219,72 @@ def test_dockerfile_targets():
     assert 'dflash-serve = "service.cli:main"' in (REPO / "pyproject.toml").read_text()
 
 
+def _copied(stage: dict) -> dict[str, str]:
+    """A stage's COPY instructions from the build context: {source: where it lands in the image}."""
+    out = {}
+    for keyword, args in stage["instructions"]:
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        *sources, dest = args.split()
+        for source in sources:
+            out[source.rstrip("/")] = (dest.rstrip("/") + "/" + PurePosixPath(source).name) if dest.endswith("/") \
+                else dest
+    return out
+
+
+def _in_image(path: str, copied: dict[str, str]) -> str | None:
+    """Where `path` of the checkout lands in the image (None: no COPY brings it)."""
+    for source, dest in copied.items():
+        if path == source or path.startswith(source + "/"):
+            return dest + path[len(source):]
+    return None
+
+
+def test_the_gpu_stage_builds_the_image_compose_runs():
+    """The compose GPU services run the image the Dockerfile's gpu stage builds: that stage copies everything
+    `pip install /app` packs into the wheel (pyproject's only-include and force-include, the readme), nothing of it
+    is kept out of the build context, it installs the router pinned in pyproject, and what compose runs in the
+    image (the fetch script, the configs' folder it mounts over) is where compose looks."""
+    stages = dockerfile_stages()
+    for profile, target in (("gpu", "gpu"), ("cpu", "cpu")):
+        for name, service in compose_config(profile)["services"].items():
+            if str(service.get("image", "")).startswith("dflash-serve:"):
+                assert service["image"] == f"dflash-serve:{target}" and service["build"]["target"] == target, name
+                assert target in stages and Path(service["build"]["context"]) == REPO, name
+    pyproject = _pyproject()
+    wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]
+    packed = [*wheel["only-include"], *wheel["force-include"], pyproject["project"]["readme"], "pyproject.toml"]
+    copied = _copied(stages["gpu"])
+    patterns = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    for path in packed:
+        assert (REPO / path).exists(), path
+        assert _in_image(path, copied) == f"/app/{path}", f"{path}: the gpu stage does not copy it to /app"
+        assert not _dockerignored(path, patterns), f"{path} is excluded from the build context"
+    runs = " ".join(a for k, a in stages["gpu"]["instructions"] if k == "RUN")
+    router = next(d for d in pyproject["project"]["dependencies"] if d.startswith("sglang-router"))
+    assert re.search(r"pip install --no-deps .*/app\b", runs) and router.split()[0] in runs
+    services = compose_config()["services"]
+    fetch_script = services["model-fetch"]["entrypoint"][-1]
+    assert _in_image("deploy/fetch_models.py", copied) == fetch_script
+    assert _in_image("deploy/configs", copied) == "/app/deploy/configs"  # compose mounts the checkout's over it
+    assert any(v["target"] == "/app/deploy/configs" for v in services["dflash-serve"]["volumes"])
+
+
+def test_docs_install_the_gpu_extra_from_a_checkout():
+    """Nothing publishes dflash-serve: the docs install it from a checkout (or run the image)."""
+    for doc in (REPO / "README.md", REPO / "docs" / "DEPLOYMENT.md"):
+        text = doc.read_text()
+        assert "pip install -e '.[gpu]'" in text, doc.name
+        assert not re.search(r"pip install\s+['\"]?dflash-serve", text), doc.name
+    assert [d.split("==")[0] for d in _pyproject()["project"]["optional-dependencies"]["gpu"]] == ["sglang"]
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
 def _dockerignored(path: str, patterns: list[str]) -> bool:
     ignored = False
     for pat in patterns:
