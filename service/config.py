@@ -145,7 +145,7 @@ class _AdaptiveExtras(_Strict):
     cost_profile: ConfigPath | None = Field(
         None, description="Step-cost profile JSON: a measured table {batch_buckets, block_sizes, seconds} (e.g. "
                           "written by benchmarks/adaptive_throughput.py) or a roofline description; default: the "
-                          "packaged H200 roofline.")
+                          "packaged H200 roofline (modelled, not measured).")
     learn_costs: bool = Field(
         True, description="Refine the cost table online from measured step times (off: the profile is the truth).")
     _settings: AdaptiveSettings = PrivateAttr()
