@@ -341,6 +341,26 @@ def test_gpu_docker_config_is_the_gpu_example_with_hub_paths():
     assert docker == example
 
 
+def test_gpu_model_paths_share_one_folder_layout():
+    """Every GPU config (compose, the plain example, Kubernetes) and the docs' examples name the models by one
+    layout, /models/<org>/<name> of their Hugging Face repositories, which deploy/fetch_models.py downloads; and
+    nothing says a model path may be a hub id (a path is a folder)."""
+    pair = [("model.path", "Qwen/Qwen3-8B"), ("speculative.draft_model_path", "z-lab/Qwen3-8B-DFlash-b16")]
+    configs = [*sorted(CONFIGS.glob("gpu-*.yaml")), *sorted((REPO / "deploy" / "k8s").rglob("config.yaml"))]
+    assert len(configs) >= 4
+    for path in configs:
+        assert [(f, r) for f, r, _ in fetch_models.wanted(path)] == pair, path.name
+    folders = {f"/models/{repo}" for _, repo in pair}
+    readme = (REPO / "README.md").read_text()
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", readme, flags=re.S).group(1))
+    assert {example["model"]["path"], example["speculative"]["draft_model_path"]} == folders
+    assert all(f in (REPO / "tests" / "gpu" / "conftest.py").read_text() for f in folders)
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *configs, REPO / "deploy" / "k8s" / "README.md",
+             REPO / "deploy" / "fetch_models.py", REPO / "service" / "config.py"]
+    claims = [p.name for p in texts if re.search(r"(hugging ?face|hub|hf)[ -](model )?ids?\b", p.read_text(), re.I)]
+    assert claims == []
+
+
 def test_cpu_docker_config_preflight():
     config = load_config(CONFIGS / "cpu-docker.yaml")
     if not (config.model.path / "config.json").is_file():
