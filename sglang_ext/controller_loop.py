@@ -26,6 +26,13 @@ prefill. Without the overlap scheduler the host processes step k before it launc
 k's (k and k + 1 decode steps). With the overlap scheduler (the GPU default) step k + 1 is launched after the host
 processed step k - 1 (waiting for it on the device) while step k runs: the interval is step k - 1's, and it is
 credited to k - 1 only when k - 1, k and k + 1 are all decode steps (a prefill in flight would be in it).
+Plain runs: the steps that follow a plain step (``LaunchedStep.plain``) of the same batch and classes while the
+controller holds its decision (policy.py, held plain decisions) observe nothing but a step elapsing; they are counted
+and folded into the controller, the cost learner, the cost-table sync and metrics together -- before the next
+decision the controller does not hold, before a request leaves or the drafter changes, at the step whose feedback
+syncs the cost table, and at least every RUN_STEPS steps. The controller reads nothing they change while it holds,
+so its decisions and state are the ones per-step feedback gives (tests/unit/test_controller_loop.py). Why:
+feedback per plain step cost a noticeable part of a plain step, where plain decoding has none (docs/BENCHMARKS.md).
 Invariants: decisions depend only on data identical on every TP rank (rids, accept counts, the broadcast cost
 table); step times, cost learning and metrics are rank 0's; nothing here waits on a device.
 """
@@ -35,7 +42,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,6 +55,7 @@ logger = logging.getLogger(__name__)
 RECENT_FINISHED = 4096  # finished rids remembered for steps still in flight when their request ended
 MODEL_PUBLISH_SECONDS = 1.0  # the acceptance/cost gauges at most this often: each publish costs a step real time,
 # and Prometheus scrapes far less often
+RUN_STEPS = 16  # a plain run is folded at least this often (metrics stay within two metric flushes of the steps)
 
 
 class HostArray(Protocol):
@@ -64,7 +72,7 @@ class Metrics(Protocol):
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
-                    widths: Sequence[int] | None = None, plain: bool = False) -> None: ...
+                    widths: Sequence[int] | None = None, plain: bool = False, steps: int = 1) -> None: ...
 
     def record_step_time(self, block_size: int, seconds: float) -> None: ...
 
@@ -101,6 +109,18 @@ class LaunchedStep:
     plain: bool = False  # a width-1 step run as plain decoding (steps/plain.py)
 
 
+@dataclass
+class _PlainRun:
+    """Plain steps of one batch counted since the step that opened the run (module docstring: plain runs)."""
+
+    rids: list[str]
+    sampled: Sequence[bool] | None
+    decision: Decision  # the opening step's, as the steps that join it were decided (held)
+    limit: int  # steps it may count: RUN_STEPS, or fewer where per-step feedback would sync the cost table
+    steps: int = 0  # joined steps, observed at the fold
+    times: list[tuple[float, StepStart]] = field(default_factory=list)  # their step times, credited at the fold
+
+
 class ControllerLoop:
     def __init__(self, settings: AdaptiveSettings, max_block: int, *, is_rank0: bool,
                  broadcast: Callable[[Any], Any] | None = None, metrics: Metrics | None = None,
@@ -126,6 +146,7 @@ class ControllerLoop:
         self._sampled: Sequence[bool] | None = None  # the last begin_decode's
         self._finished: deque[str] = deque(maxlen=RECENT_FINISHED)
         self._finished_set: set[str] = set()
+        self._run: _PlainRun | None = None
         self._published = float("-inf")
         if metrics is not None:
             self._publish_model()
@@ -137,10 +158,17 @@ class ControllerLoop:
     # -- launch side -------------------------------------------------------------------------------------------
     def begin_decode(self, rids: list[str], now: float, trees: bool = True,
                      sampled: Sequence[bool] | None = None, ragged: bool = False) -> Decision:
-        window = self._launches
+        window, run, ctl = self._launches, self._run, self.controller
         if len(window) == window.maxlen and all(s is not None for s in window):
-            self._record_step_time(now - window[-1].start, window[0])
-        decision = self.controller.decide(rids, trees, sampled, ragged)
+            start = window[0]
+            if run is not None and start.batch_size == len(run.rids) and _plain_width(start.decision):
+                run.times.append((now - window[-1].start, start))
+            else:
+                self._record_step_time(now - window[-1].start, start)
+        decision = None if run is None else ctl.held(rids, trees, sampled, ragged)
+        if decision is None:
+            self._fold()  # the controller asks its parts: they see every step before it
+            decision = ctl.decide(rids, trees, sampled, ragged)
         self._sampled = sampled
         window.append(StepStart(now, len(rids), decision))
         return decision
@@ -179,9 +207,18 @@ class ControllerLoop:
             return
         try:
             step, sampled = popped
+            run = self._run
+            if run is not None and step.plain and step.rids == run.rids and sampled == run.sampled:
+                run.steps += 1
+                if run.steps >= run.limit:
+                    self._fold()
+                return
+            self._fold()
             accepted = np.asarray(accepted, dtype=np.int64)
             if step.plain and self.controller.observe_plain(step.rids, sampled):
-                self._after_observe(step, accepted, 0, None)  # nothing drafted, one token per request
+                self._after_observe(step.rids, step.decision, accepted, plain=True)  # one token per request
+                # what follows alike joins it, up to the step whose feedback would sync the cost table
+                self._run = _PlainRun(step.rids, sampled, step.decision, min(RUN_STEPS, self.controller.steps_to_sync))
             else:
                 self._observe(step, sampled, accepted)
         except Exception:  # a controller fault must not take serving down: keep the last width, say so
@@ -213,14 +250,34 @@ class ControllerLoop:
             w = min(drafted.shape[1], committed.shape[1])
             chain = np.minimum((drafted[:, :w] == committed[:, :w]).cumprod(axis=1).sum(axis=1), accepted)
             extra, budget = int((accepted - chain).sum()), d.block_size - 1
-        self._after_observe(step, accepted, extra, budget)
+        self._after_observe(step.rids, d, accepted, extra=extra, budget=budget, plain=step.plain)
 
-    def _after_observe(self, step: LaunchedStep, accepted: np.ndarray, extra: int, budget: int | None) -> None:
-        """What follows a step's observation: requests that finished while it was in flight, the cost-table sync,
-        metrics."""
-        d, ctl = step.decision, self.controller
-        if not self._finished_set.isdisjoint(step.rids):  # a request finished while this step was in flight
-            for rid in step.rids:
+    def _fold(self) -> None:
+        """Observe the open plain run's steps, credit their step times, and close it (module docstring)."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        try:
+            for seconds, start in run.times:
+                self._record_step_time(seconds, start)
+            if run.steps:
+                if not self.controller.observe_plain(run.rids, run.sampled, run.steps):
+                    raise RuntimeError("a plain run's batch changed before it was observed")
+                self._after_observe(run.rids, run.decision, np.zeros(len(run.rids), dtype=np.int64), plain=True,
+                                    steps=run.steps, switched=False)  # held decisions: none switched
+        except Exception:
+            logger.exception("dflash-serve: controller feedback failed (serving continues)")
+            if self.metrics is not None:
+                self.metrics.errors.inc()
+
+    def _after_observe(self, rids: list[str], d: Decision, accepted: np.ndarray, *, extra: int = 0,
+                       budget: int | None = None, plain: bool = False, steps: int = 1,
+                       switched: bool | None = None) -> None:
+        """What follows the observation of ``steps`` steps of one kind: requests that finished while they were in
+        flight, the cost-table sync, metrics."""
+        ctl = self.controller
+        if not self._finished_set.isdisjoint(rids):  # a request finished while this step was in flight
+            for rid in rids:
                 if rid in self._finished_set:
                     ctl.finish(rid)
             if self.metrics is not None:
@@ -230,9 +287,11 @@ class ControllerLoop:
             ctl.sync_cost_table(self._broadcast)
             synced = True
         if self.metrics is not None:
-            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
+            self.metrics.record_step(block_size=d.block_size, switched=d.switched if switched is None else switched,
+                                     accepted=accepted,
                                      predicted_goodput=d.predicted_goodput, probe=d.probe,
-                                     tree_budget=budget, tree_extra=extra, widths=d.widths, plain=step.plain)
+                                     tree_budget=budget, tree_extra=extra, widths=d.widths, plain=plain,
+                                     steps=steps)
             if synced and time.monotonic() - self._published >= MODEL_PUBLISH_SECONDS:
                 self._publish_model()
 
@@ -245,12 +304,14 @@ class ControllerLoop:
 
     def drafter_swapped(self, version: str | None) -> None:
         """The drafter's weights were replaced: the controller's acceptance priors are reset, the swap counted."""
+        self._fold()
         self.controller.drafter_changed()
         if self.metrics is not None:
             self.metrics.record_drafter(version)
             self._publish_model()
 
     def request_finished(self, rid: str) -> None:
+        self._fold()
         if self.metrics is not None:
             self.metrics.flush()  # the steps counted in process are on /metrics before the request's answer
         self.controller.finish(rid)
@@ -260,3 +321,8 @@ class ControllerLoop:
             self._finished_set.discard(self._finished[0])
         self._finished.append(rid)
         self._finished_set.add(rid)
+
+
+def _plain_width(d: Decision) -> bool:
+    """A decision whose step may be a plain step: width 1, nothing drafted, one width for the batch."""
+    return d.block_size == 1 and not d.draft_full and d.widths is None

@@ -10,7 +10,7 @@ drop SGLang's own metrics; that is why nothing here runs at import time of the p
 Every series carries ``model_name``. Gauges use ``multiprocess_mode="mostrecent"`` (one writer: rank 0).
 
 Counters and histograms (all per TP-rank-0 scheduler; ``rate()`` them) reach /metrics at most FLUSH_STEPS decode
-steps late, and before a finished request's answer:
+steps late (plain steps counted as a run: RUN_STEPS more, controller_loop.py), and before a finished request's answer:
   dflash_verify_steps_total               request-steps verified (one per request per decode step).
                                           Decode steps/s per request: rate(dflash_verify_steps_total[1m])
   dflash_draft_tokens_total               draft tokens offered to the verifier (b - 1 per request-step; a tree
@@ -264,15 +264,18 @@ class DFlashMetrics:
 
     def record_step(self, *, block_size: int, switched: bool, accepted: np.ndarray, predicted_goodput: float,
                     probe: bool = False, tree_budget: int | None = None, tree_extra: int = 0,
-                    widths: Sequence[int] | None = None, plain: bool = False) -> None:
-        """One verified decode step. ``accepted``: draft tokens accepted per request (int array); ``probe``: the step
-        drafted the full block only to observe acceptance (``Decision.probe``); ``tree_budget``: the step verified a
-        tree of that many nodes (width ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the
-        greedy chain's; ``widths``: a ragged step's width per request (``block_size`` the widest); ``plain``: a width-1
-        step run as plain decoding. Counted in process, written every FLUSH_STEPS steps (``flush``)."""
+                    widths: Sequence[int] | None = None, plain: bool = False, steps: int = 1) -> None:
+        """One verified decode step, or ``steps`` alike of width 1 (a plain run, controller_loop.py). ``accepted``:
+        draft tokens accepted per request (int array); ``probe``: the step drafted the full block only to observe
+        acceptance (``Decision.probe``); ``tree_budget``: the step verified a tree of that many nodes (width
+        ``block_size`` = budget + 1), committing ``tree_extra`` tokens past the greedy chain's; ``widths``: a ragged
+        step's width per request (``block_size`` the widest); ``plain``: a width-1 step run as plain decoding.
+        Counted in process, written every FLUSH_STEPS steps (``flush``)."""
         b, c = int(block_size), self._counted
+        if steps != 1 and (b != 1 or widths is not None):
+            raise ValueError(f"steps: only width-1 steps are counted together, got {steps} at width {b}")
         n = int(accepted.shape[0])
-        c.verify += n
+        c.verify += n * steps
         if widths is not None:
             w = np.asarray(widths, dtype=np.int64)
             c.ragged += 1
@@ -296,11 +299,11 @@ class DFlashMetrics:
             c.accepted_at[: top - 1] += at_least[1:top]
             c.committed[1: top + 1] += counts[:top]
         else:
-            c.by_width[b] += 1
-            c.committed[1] += n  # a width-1 step commits one token per request
-            c.plain += plain
+            c.by_width[b] += steps
+            c.committed[1] += n * steps  # a width-1 step commits one token per request
+            c.plain += plain * steps
         if probe:
-            c.probes[b] += 1
+            c.probes[b] += steps
         if tree_budget is not None:
             c.tree_steps[int(tree_budget)] += 1
             c.tree_extra[int(tree_budget)] += int(tree_extra)
@@ -310,7 +313,7 @@ class DFlashMetrics:
             self.block_size.set(b)
             self._last_block = b
         c.goodput = predicted_goodput
-        c.steps += 1
+        c.steps += steps
         if c.steps >= FLUSH_STEPS:
             self.flush()
 

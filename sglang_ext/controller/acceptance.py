@@ -154,19 +154,19 @@ class AcceptanceStats:
         N = np.cumsum(hn[:, ::-1], axis=1)[:, ::-1][:, 1:]
         return A, N
 
-    def step(self, slots: np.ndarray) -> None:
-        """One decode step elapsed with ``slots`` in the batch: decay their counts; their classes' global counts
-        decay at their next observation (module docstring).
+    def step(self, slots: np.ndarray, steps: int = 1) -> None:
+        """``steps`` decode steps elapsed with ``slots`` in the batch: decay their counts; their classes' global
+        counts decay at their next observation (module docstring).
 
         Called again with the very same array object, the decay is deferred to the next read or change of the
         counts, where k such steps cost one multiplication by decay**k. Why: with speculation off a step observes
         nothing else, and the decay's small numpy calls are a noticeable part of a width-1 step in a server
         (cache-cold). A caller that passes a fresh array per step gets the decay at once."""
         if slots is self._decay_slots:
-            self._decay_steps += 1
+            self._decay_steps += steps
             return
         self.flush_decay()
-        self._decay(slots, 1)
+        self._decay(slots, steps)
         self._decay_slots = slots
 
     def flush_decay(self) -> None:

@@ -139,6 +139,7 @@ class BlockSizeController:
         self.skipped_probe_timings = 0
         self.held_decisions = 0
         self._hold: _Hold | None = None
+        self._synced_at = 0  # steps_observed at the last cost-table sync
 
     def drafter_changed(self) -> None:
         """The drafter was hot-swapped: its global acceptance priors no longer hold (AcceptanceStats.forget_global);
@@ -155,16 +156,9 @@ class BlockSizeController:
         version = self.cost_model.version
         if bs == 0:  # nothing to run; report the mode's block without changing any state
             return Decision(self.rule.idle_block(), False, 0.0, 0.0, False, version)
-        hold = self._hold
-        if hold is not None:
-            if hold.left > 0 and hold.inputs == (request_ids, sampled, trees, ragged) and hold.state == self._state():
-                hold.left -= 1
-                self.steps_decided += 1
-                self.held_decisions += 1
-                self.rule.hold()
-                self.probes.hold(self.rule.dwell)
-                return hold.decision
-            self._hold = None
+        held = self.held(request_ids, trees, sampled, ragged)
+        if held is not None:
+            return held
         step = self.steps_decided
         good, tokens, E = self.estimator.reused(request_ids, sampled, self.rule.cur, step)
         fresh = self.requests.unmeasured_trees(sampled, bs) if trees else None
@@ -189,6 +183,24 @@ class BlockSizeController:
                 self._hold = _Hold((list(request_ids), None if sampled is None else list(sampled), trees, ragged),
                                    self._state(), replace(decision, switched=False), int(left))
         return decision
+
+    def held(self, request_ids: Sequence[Hashable], trees: bool = True, sampled: Sequence[bool] | None = None,
+             ragged: bool = False) -> Decision | None:
+        """``decide``'s answer when it repeats a held plain decision (module docstring), with the state changes
+        ``decide`` makes for it; None, changing nothing but dropping a hold that no longer applies, when ``decide``
+        would ask the parts."""
+        hold = self._hold
+        if hold is None:
+            return None
+        if hold.left > 0 and hold.inputs == (request_ids, sampled, trees, ragged) and hold.state == self._state():
+            hold.left -= 1
+            self.steps_decided += 1
+            self.held_decisions += 1
+            self.rule.hold()
+            self.probes.hold(self.rule.dwell)
+            return hold.decision
+        self._hold = None
+        return None
 
     def _state(self) -> tuple[int, ...]:
         """The versions of everything a decision reads besides the batch and the step count."""
@@ -239,8 +251,14 @@ class BlockSizeController:
 
     @property
     def cost_sync_due(self) -> bool:
-        """True every ``cost_sync_interval`` observed steps (same answer on every rank)."""
-        return self.steps_observed > 0 and self.steps_observed % self.cfg.cost_sync_interval == 0
+        """True once ``cost_sync_interval`` steps were observed since the last sync (same answer on every rank:
+        observations arrive one or several steps at a time, ControllerLoop's plain runs, identically on all)."""
+        return self.steps_observed - self._synced_at >= self.cfg.cost_sync_interval
+
+    @property
+    def steps_to_sync(self) -> int:
+        """Observed steps until ``cost_sync_due`` (0: due now)."""
+        return max(0, self.cfg.cost_sync_interval - (self.steps_observed - self._synced_at))
 
     def sync_cost_table(self, broadcast: Callable[[Any], Any] | None = None) -> int:
         """Collective: rank 0 exports its learned table, ``broadcast`` delivers rank 0's object to every rank
@@ -254,6 +272,7 @@ class BlockSizeController:
         elif not self.is_rank0:
             raise RuntimeError("sync_cost_table: a non-rank-0 controller needs a broadcast function")
         self.cost_model.load(payload)
+        self._synced_at = self.steps_observed
         return self.cost_model.version
 
     # -- readouts (metrics and tests) -------------------------------------------------------------------------

@@ -198,18 +198,20 @@ class RequestState:
                 and not (self.hindsight is not None and self.hindsight.has_pending())
                 and self._obs_key == (tuple(request_ids), None if sampled is None else tuple(sampled)))
 
-    def observe_plain(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None = None) -> bool:
-        """A width-1 step without a draft, committing one token per request, of the batch (and classes) the
-        previous observation had, with no block awaiting hindsight: such a step observes no acceptance, only that a
-        step elapsed (the decay). False, changing nothing, otherwise: ``observe_step`` must be given its data.
+    def observe_plain(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None = None,
+                      steps: int = 1) -> bool:
+        """``steps`` width-1 steps without a draft, each committing one token per request, of the batch (and
+        classes) the previous observation had, with no block awaiting hindsight: such steps observe no acceptance,
+        only that steps elapsed (the decay). False, changing nothing, otherwise: ``observe_step`` must be given
+        their data.
 
         Why: speculation off is most steps at low acceptance, and the general path's checks and slot lookup are a
         noticeable part of a width-1 step (docs/ADAPTIVE.md). The batch was checked when it was first observed; the
         caller vouches for this step's shape (the worker's plain step: one token per request, nothing drafted)."""
         if not self._elapsed_applies(request_ids, sampled):
             return False
-        self.stats.step(self._obs_slots)
-        self.steps_observed += 1
+        self.stats.step(self._obs_slots, steps)
+        self.steps_observed += steps
         self.saturated = 0
         return True
 

@@ -429,3 +429,93 @@ def test_live_request_states_gauge_returns_to_zero_on_every_exit_path():
     assert live() == 1 == lp.controller.live_requests
     lp.request_finished("c")
     assert live() == 0 == lp.controller.live_requests
+
+
+def test_plain_runs_decide_and_learn_what_the_controller_fed_step_by_step_does():
+    """Plain steps folded as runs (module docstring) change nothing the controller decides or learns: the same
+    traffic fed to a controller step by step by its worker contract (decide, observe, step time, sync) takes the
+    same decisions and ends with the same acceptance counts, steps and learnt cost table."""
+    from sglang_ext.controller.cost_model import CostModel
+    from sglang_ext.controller.policy import BlockSizeController
+
+    cfg = ControllerConfig()
+    lp = ControllerLoop(AdaptiveSettings(cfg), B, is_rank0=True, prefix_drafts=True)
+    ref = BlockSizeController(cfg, CostModel.default(cfg.candidates_for(B), ema=cfg.cost_ema), max_block=B,
+                              prefix_drafts=True)
+    rng = np.random.default_rng(1)
+    live: dict[str, float] = {}
+    t, prev, ids, runs_seen, plain_steps = 0.0, None, 0, 0, 0
+    got, want = [], []
+    for i in range(3000):
+        if not live or (rng.random() < 0.03 and len(live) < 6):
+            live[f"r{ids}"] = 0.0 if rng.random() < 0.75 else float(rng.uniform(0.5, 0.95))
+            ids += 1
+        if len(live) > 1 and rng.random() < 0.02:
+            gone = sorted(live)[int(rng.integers(len(live)))]
+            del live[gone]
+            lp.request_finished(gone)
+            ref.finish(gone)
+        rids = sorted(live)
+        bs = len(rids)
+        d = lp.begin_decode(list(rids), t)
+        if prev is not None:
+            ref.observe_step_time(prev[0], prev[1].block_size, t - prev[2], probe=prev[1].probe)
+        r = ref.decide(list(rids))
+        got.append((d.block_size, d.draft_full, d.probe))
+        want.append((r.block_size, r.draft_full, r.probe))
+        b = d.block_size
+        # what each request accepts at this width: its acceptance, drawn position by position
+        p = np.array([live[x] for x in rids])
+        would = (rng.random((bs, B - 1)) < p[:, None]).cumprod(axis=1).sum(axis=1)
+        accepted = np.minimum(would, min(b, B) - 1)
+        truth = rng.integers(10, 1000, (bs, B))
+        drafted = np.where(np.arange(B - 1)[None, :] < would[:, None], truth[:, :B - 1], 0) if d.draft_full else None
+        committed = truth[:, :min(b, B)]
+        plain = b == 1 and not d.draft_full
+        plain_steps += plain
+        lp.launched(LaunchedStep(list(rids), d, None if drafted is None else Host(drafted), Host(committed),
+                                 plain=plain))
+        runs_seen += lp._run is not None
+        lp.complete(accepted.tolist(), bs)
+        if not (plain and ref.observe_plain(list(rids))):
+            rows = [row[: a + 1] for row, a in zip(committed, accepted)]
+            ref.observe_step(list(rids), b, accepted, drafted, rows)
+        if ref.cost_sync_due:
+            ref.sync_cost_table()
+        prev = (bs, d, t)
+        t += 0.004 * bs * (1 + 0.2 * (b > 1) + 0.05 * min(b, B)) * (1 + 0.1 * rng.random())
+    lp._fold()
+    ctl = lp.controller
+    assert plain_steps > 1000 and runs_seen > 1000  # mostly plain, and most of them joined runs
+    assert got == want
+    assert ctl.steps_observed == ref.steps_observed
+    ctl.stats.flush_decay()
+    ref.stats.flush_decay()
+    np.testing.assert_allclose(ctl.stats.a_r, ref.stats.a_r, rtol=1e-12)
+    np.testing.assert_allclose(ctl.stats.n_r, ref.stats.n_r, rtol=1e-12)
+    assert json.dumps(ctl.cost_model.export()) == json.dumps(ref.cost_model.export())
+
+
+def test_plain_runs_reach_metrics_within_a_run_and_a_flush_and_before_a_finished_requests_answer():
+    """Plain steps counted as a run (module docstring) are on /metrics at most RUN_STEPS + FLUSH_STEPS steps late,
+    and all of them once a request finishes, each with its step time."""
+    from sglang_ext.controller_loop import RUN_STEPS
+    from sglang_ext.metrics import FLUSH_STEPS
+
+    reg = CollectorRegistry()
+    lp = loop(reg, mode="fixed", fixed_block=1, cost_sync_interval=10_000)
+    value = lambda name, **labels: reg.get_sample_value(name, {"model_name": "m", **labels}) or 0.0
+    t, n = 1.0, 0
+    for _ in range(3 * (RUN_STEPS + FLUSH_STEPS)):
+        d = lp.begin_decode(["a", "b"], t)
+        lp.launched(LaunchedStep(["a", "b"], d, None, Host(np.asarray([[5], [6]])), plain=True))
+        lp.complete([0, 0], 2)
+        n, t = n + 1, t + 0.01
+        assert value("dflash_plain_decode_steps_total") >= n - (RUN_STEPS + FLUSH_STEPS)
+    assert lp._run is not None and lp._run.steps > 0  # a run is open: steps are counted, not yet written
+    lp.request_finished("a")
+    assert value("dflash_plain_decode_steps_total") == n
+    assert value("dflash_verify_steps_total") == 2 * n
+    assert value("dflash_committed_tokens_per_step_sum") == 2 * n
+    assert value("dflash_step_seconds_count", block_size="1") == n - 1  # the last one's comes with the next launch
+    assert lp.controller.steps_observed == n
