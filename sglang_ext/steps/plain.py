@@ -42,6 +42,8 @@ from sglang_ext.steps.context import StepContext
 from sglang_ext.steps.tree import tree_serves
 from sglang_ext.steps.verify import target_hidden
 
+MADE_ATTR = "dflash_serve_after_plain"  # on a draft input after_plain_result made
+
 if TYPE_CHECKING:
     from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -66,7 +68,7 @@ def prepare_plain(batch: Any) -> None:
     batch), on the speculative path's KV bookkeeping: the anchor's slot is the one at the committed length -- within
     the speculative reservation already, or reserved now as the speculative preparation reserves."""
     draft_input = batch.spec_info
-    setattr(batch, PLAIN_ATTR, batch.spec_algorithm)
+    setattr(batch, PLAIN_ATTR, (batch.spec_algorithm, draft_input))
     batch.forward_mode = ForwardMode.DECODE
     batch.spec_algorithm = upstream.SpeculativeAlgorithm.NONE
     batch.spec_info = None
@@ -137,6 +139,17 @@ def before_plain_result(scheduler: Any, batch: Any) -> None:
 
 def after_plain_result(batch: Any, result: Any) -> None:
     """The batch is speculative again: its algorithm back, its next anchor the token just sampled."""
-    batch.spec_algorithm = getattr(batch, PLAIN_ATTR)
+    batch.spec_algorithm, draft_input = getattr(batch, PLAIN_ATTR)
     delattr(batch, PLAIN_ATTR)
-    batch.spec_info = make_draft_input_v2(bonus_tokens=result.next_token_ids, new_seq_lens=batch.seq_lens)
+    if (getattr(draft_input, MADE_ATTR, False) and draft_input.topk_p.shape[0] == batch.batch_size()
+            and draft_input.nxt_kv_lens_cpu is None and draft_input.future_indices is None
+            and draft_input.verify_token_budget is None):
+        # the state this function made after the last plain step, which nothing has filled since (a batch filter
+        # or merge keeps its empty fields shaped to the batch): its two live fields renewed, every other as new;
+        # a plain stretch then allocates no state per step
+        draft_input.bonus_tokens = result.next_token_ids.to(dtype=torch.int64)
+        draft_input.new_seq_lens = batch.seq_lens.to(dtype=torch.int64)
+    else:
+        draft_input = make_draft_input_v2(bonus_tokens=result.next_token_ids, new_seq_lens=batch.seq_lens)
+        setattr(draft_input, MADE_ATTR, True)
+    batch.spec_info = draft_input
