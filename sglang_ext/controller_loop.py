@@ -26,13 +26,14 @@ prefill. Without the overlap scheduler the host processes step k before it launc
 k's (k and k + 1 decode steps). With the overlap scheduler (the GPU default) step k + 1 is launched after the host
 processed step k - 1 (waiting for it on the device) while step k runs: the interval is step k - 1's, and it is
 credited to k - 1 only when k - 1, k and k + 1 are all decode steps (a prefill in flight would be in it).
-Plain runs: the steps that follow a plain step (``LaunchedStep.plain``) of the same batch and classes while the
-controller holds its decision (policy.py, held plain decisions) observe nothing but a step elapsing; they are counted
-and folded into the controller, the cost learner, the cost-table sync and metrics together -- before the next
-decision the controller does not hold, before a request leaves or the drafter changes, at the step whose feedback
-syncs the cost table, and at least every RUN_STEPS steps. The controller reads nothing they change while it holds,
-so its decisions and state are the ones per-step feedback gives (tests/unit/test_controller_loop.py). Why:
-feedback per plain step cost a noticeable part of a plain step, where plain decoding has none (docs/BENCHMARKS.md).
+Plain runs: a plain step (``LaunchedStep.plain``) of the batch and classes the controller last observed, and the
+steps of the same batch that follow it while the controller holds its decision (policy.py, held plain decisions),
+observe nothing but a step elapsing; they are counted and folded into the controller, the cost learner, the
+cost-table sync and metrics together -- before the next decision the controller does not hold, before a request
+leaves or the drafter changes, at the step whose feedback syncs the cost table, and at least every RUN_STEPS
+steps. The controller reads nothing they change while it holds, so its decisions and state are the ones per-step
+feedback gives (tests/unit/test_controller_loop.py). Why: feedback per plain step cost a noticeable part of a plain
+step, where plain decoding has none (docs/BENCHMARKS.md).
 Invariants: decisions depend only on data identical on every TP rank (rids, accept counts, the broadcast cost
 table); step times, cost learning and metrics are rank 0's; nothing here waits on a device.
 """
@@ -115,9 +116,9 @@ class _PlainRun:
 
     rids: list[str]
     sampled: Sequence[bool] | None
-    decision: Decision  # the opening step's, as the steps that join it were decided (held)
+    decision: Decision  # the opening step's (the steps that join it were held to it: none switched)
     limit: int  # steps it may count: RUN_STEPS, or fewer where per-step feedback would sync the cost table
-    steps: int = 0  # joined steps, observed at the fold
+    steps: int = 0  # steps counted, observed at the fold
     times: list[tuple[float, StepStart]] = field(default_factory=list)  # their step times, credited at the fold
 
 
@@ -207,20 +208,21 @@ class ControllerLoop:
             return
         try:
             step, sampled = popped
-            run = self._run
-            if run is not None and step.plain and step.rids == run.rids and sampled == run.sampled:
+            run, ctl = self._run, self.controller
+            if not (run is not None and step.plain and step.rids == run.rids and sampled == run.sampled):
+                self._fold()
+                run = None
+                if step.plain and ctl.plain_applies(step.rids, sampled):
+                    # a run opens: it and what follows alike, up to the step whose feedback would sync the cost
+                    # table, are observed together
+                    run = self._run = _PlainRun(step.rids, sampled, step.decision,
+                                                min(RUN_STEPS, ctl.steps_to_sync))
+            if run is not None:
                 run.steps += 1
                 if run.steps >= run.limit:
                     self._fold()
                 return
-            self._fold()
-            accepted = np.asarray(accepted, dtype=np.int64)
-            if step.plain and self.controller.observe_plain(step.rids, sampled):
-                self._after_observe(step.rids, step.decision, accepted, plain=True)  # one token per request
-                # what follows alike joins it, up to the step whose feedback would sync the cost table
-                self._run = _PlainRun(step.rids, sampled, step.decision, min(RUN_STEPS, self.controller.steps_to_sync))
-            else:
-                self._observe(step, sampled, accepted)
+            self._observe(step, sampled, np.asarray(accepted, dtype=np.int64))
         except Exception:  # a controller fault must not take serving down: keep the last width, say so
             logger.exception("dflash-serve: controller feedback failed (serving continues)")
             if self.metrics is not None:
@@ -264,15 +266,14 @@ class ControllerLoop:
                 if not self.controller.observe_plain(run.rids, run.sampled, run.steps):
                     raise RuntimeError("a plain run's batch changed before it was observed")
                 self._after_observe(run.rids, run.decision, np.zeros(len(run.rids), dtype=np.int64), plain=True,
-                                    steps=run.steps, switched=False)  # held decisions: none switched
+                                    steps=run.steps)  # the opening step's switch, if it switched, counted once
         except Exception:
             logger.exception("dflash-serve: controller feedback failed (serving continues)")
             if self.metrics is not None:
                 self.metrics.errors.inc()
 
     def _after_observe(self, rids: list[str], d: Decision, accepted: np.ndarray, *, extra: int = 0,
-                       budget: int | None = None, plain: bool = False, steps: int = 1,
-                       switched: bool | None = None) -> None:
+                       budget: int | None = None, plain: bool = False, steps: int = 1) -> None:
         """What follows the observation of ``steps`` steps of one kind: requests that finished while they were in
         flight, the cost-table sync, metrics."""
         ctl = self.controller
@@ -287,8 +288,7 @@ class ControllerLoop:
             ctl.sync_cost_table(self._broadcast)
             synced = True
         if self.metrics is not None:
-            self.metrics.record_step(block_size=d.block_size, switched=d.switched if switched is None else switched,
-                                     accepted=accepted,
+            self.metrics.record_step(block_size=d.block_size, switched=d.switched, accepted=accepted,
                                      predicted_goodput=d.predicted_goodput, probe=d.probe,
                                      tree_budget=budget, tree_extra=extra, widths=d.widths, plain=plain,
                                      steps=steps)

@@ -128,6 +128,7 @@ class BlockSizeController:
         # the observations (identical on all ranks) go straight to the request state, which documents them
         self.observe_step = self.requests.observe_step
         self.observe_plain = self.requests.observe_plain
+        self.plain_applies = self.requests.plain_applies
         self.observe_tree = self.requests.observe_tree
         self.finish = self.requests.finish
         self.estimator = GoodputEstimator(cfg, cost, self._cands, self.requests)

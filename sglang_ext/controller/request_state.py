@@ -193,6 +193,10 @@ class RequestState:
             raise ValueError("committed: each request must commit accepted + 1 tokens")
         return self.observe_plain(request_ids, sampled)
 
+    def plain_applies(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None) -> bool:
+        """Whether ``observe_plain`` would take a plain step of this batch now (it changes nothing)."""
+        return self._elapsed_applies(request_ids, sampled)
+
     def _elapsed_applies(self, request_ids: Sequence[Hashable], sampled: Sequence[bool] | None) -> bool:
         return (self._obs_gen == self.slots.generation
                 and not (self.hindsight is not None and self.hindsight.has_pending())
