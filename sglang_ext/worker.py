@@ -318,7 +318,7 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         if not isinstance(draft_input, upstream.DFlashDraftInputV2):
             raise RuntimeError("DFLASH_ADAPTIVE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
-        self._selector_sample = None  # a DFlash2 path's q is this step's own (steps/draft.py), never a past step's
+        self._selector_sample = None  # a DFlash2 path's q is this step's draft's (steps/chain.py), never a past one's
         ctx = StepContext(self, batch, rids, decision, draft_input, len(batch.seq_lens), on_publish, grammar_barrier)
         if decision.widths is not None:
             return decode_ragged(ctx)

@@ -9,15 +9,16 @@ import torch
 
 if TYPE_CHECKING:
     from sglang_ext.controller.policy import Decision
+    from sglang_ext.steps.upstream_surface import StepWorker, UpstreamWorker
 
 
 @dataclass(frozen=True)
 class StepContext:
-    """One decode step: the worker (its upstream buffers and methods), SGLang's batch and its request ids, the
-    controller's decision, the batch's draft state (upstream's DFlashDraftInputV2), its size and SGLang's
-    callbacks."""
+    """One decode step: the worker (its upstream buffers and methods, each listed with its type in
+    upstream_surface.py), SGLang's batch and its request ids, the controller's decision, the batch's draft state
+    (upstream's DFlashDraftInputV2), its size and SGLang's callbacks."""
 
-    worker: Any
+    worker: StepWorker
     batch: Any
     rids: list[str]
     decision: Decision
@@ -28,7 +29,7 @@ class StepContext:
 
 
 @contextlib.contextmanager
-def block_size_as(worker: Any, width: int) -> Iterator[None]:
+def block_size_as(worker: UpstreamWorker, width: int) -> Iterator[None]:
     """Upstream's DFlashWorkerV2 reads ``self.block_size`` as the verify width in its accept and sizes its accept
     buffers by it: ``width`` inside, what it was after. Everywhere else it stays the trained block B."""
     saved, worker.block_size = worker.block_size, width

@@ -19,11 +19,13 @@ from sglang_ext.tree.marginals import top_log_probs
 class Draft:
     """A draft forward's proposals: the greedy tokens [bs, width - 1] (-1 past a ragged request's width) and, when
     marginals were asked for, the top-k log-probabilities and their tokens [bs, width - 1, k] (``tokens`` is then
-    the top-1)."""
+    the top-1). A DFlash2 drafter's sampled path carries its q in ``selector_q`` (candidate ids and their
+    probabilities per drafted position, [bs, width - 1, k] each): upstream's accept rejection-samples against it."""
 
     tokens: torch.Tensor
     log_probs: torch.Tensor | None = None
     top: torch.Tensor | None = None
+    selector_q: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k: int = 0,
@@ -81,7 +83,7 @@ def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k:
                                                                                                   width):
         out = w.draft_model_runner.forward(forward_batch)
     if w.selector is not None:  # trees and ragged steps are refused for DFlash2 drafters (worker.py)
-        return Draft(selector_path(ctx, out, width, block_ids[:, 0], lm_head))
+        return selector_path(ctx, out, width, block_ids[:, 0], lm_head)
     if w._draft_sampler is not None and out.can_run_graph and not marginals_k:
         return Draft(w._draft_sampler.out[: bs * (width - 1)].view(bs, width - 1))  # the greedy head, in the graph
     # (a tree step's marginals read the hidden states: the draft graph outputs them, its head is folded after)
@@ -104,20 +106,24 @@ def draft_forward(ctx: StepContext, window: StepWindow, width: int, marginals_k:
             hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(bs, width - 1))
 
 
-def selector_path(ctx: StepContext, out: Any, width: int, anchors: torch.Tensor, lm_head: Any) -> torch.Tensor:
+def selector_path(ctx: StepContext, out: Any, width: int, anchors: torch.Tensor, lm_head: Any) -> Draft:
     """A DFlash2 drafter's proposal [bs, width - 1]: its candidate selector's walk through the target head's top-k
     at each drafted position -- upstream's own (the walk inside the draft CUDA graph, or `_propose_selector_block`
     eagerly): the argmax path for greedy rows, a sampled one for sampled rows, whose q (candidates and
-    probabilities per position) upstream leaves in ``_selector_sample`` for its accept's rejection sampling."""
+    probabilities per position) the draft carries for the accept's rejection sampling (``Draft.selector_q``)."""
     w, bs = ctx.worker, ctx.bs
     if w._draft_sampler is not None and out.can_run_graph:  # GPU, the full block the graph was captured for
         sampler = w._draft_sampler
+        q = None
         if w._selector_sampling_enabled and not upstream._is_all_greedy(ctx.batch.sampling_info):
-            w._selector_sample = (sampler.candidate_out[:bs], sampler.q_out[:bs])
-        return sampler.out[: bs * (width - 1)].view(bs, width - 1)
+            q = (sampler.candidate_out[:bs], sampler.q_out[:bs])
+        return Draft(sampler.out[: bs * (width - 1)].view(bs, width - 1), selector_q=q)
     with block_size_as(w, width), upstream.draft_tp_context(w.draft_parallel_layout):
-        return w._propose_selector_block(draft_logits_output=out.logits_output, bs=bs, lm_head=lm_head,
-                                         anchor_token_ids=anchors, sampling_info=ctx.batch.sampling_info)
+        tokens = w._propose_selector_block(draft_logits_output=out.logits_output, bs=bs, lm_head=lm_head,
+                                           anchor_token_ids=anchors, sampling_info=ctx.batch.sampling_info)
+    # upstream leaves a sampled path's q on the worker: taken into the draft, so no later step reads it there
+    q, w._selector_sample = w._selector_sample, None
+    return Draft(tokens, selector_q=q)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,10 @@ from sglang_ext.steps.window import block_window
 if TYPE_CHECKING:
     from sglang.srt.managers.utils import GenerationBatchResult
 
+    from sglang_ext.steps.upstream_surface import StepWorker
 
-def ragged_serves(worker: Any, batch: Any) -> bool:
+
+def ragged_serves(worker: StepWorker, batch: Any) -> bool:
     """Whether this batch's step may verify a width per request: on CPU (the torch attention reads the ragged
     layout; GPU verify graphs are per width), greedy or sampled, with nothing in it that depends on one chain per
     request (a tree's rule, ``tree_serves``: grammars, logprobs, penalties, custom logit processors)."""

@@ -202,7 +202,7 @@ SOURCES = [
     ("sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
      "if enable_metadata_glue and model_runner.spec_algorithm.is_dflash_family():"),
     # a DFlash2 drafter on GPU: the draft graph's in-graph walk leaves the path, its candidates and q in the
-    # sampler's buffers, and upstream's accept reads the q from `_selector_sample`
+    # sampler's buffers, and upstream's accept reads the q from `_selector_sample` (steps/chain.py sets it)
     ("sglang.srt.speculative.dflash_worker_v2:_SelectorDraftSampler.__call__", "self.candidate_out[:bs].copy_("),
     ("sglang.srt.speculative.dflash_worker_v2:_SelectorDraftSampler.__call__", "self.q_out[:bs].copy_(q_rows)"),
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._accept_block",
@@ -210,6 +210,9 @@ SOURCES = [
     # - the dense q buffer is re-made only when its shape differs: a [cap, gamma, vocab] view of one buffer passes
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._selector_sampling_accept",
      "buffer.shape[1:] != (gamma, vocab)"),
+    # - the eager walk leaves a sampled path's q on the worker, where steps/draft.py takes it into its Draft
+    ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._propose_selector_block",
+     "self._selector_sample = (candidate_ids, q_rows)"),
     # - the eager walk reads the drafted block's hidden states at self.block_size (the worker sets it to the width)
     ("sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._propose_selector_block",
      "draft_hidden.view(bs, int(self.block_size), -1)"),
