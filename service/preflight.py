@@ -2,7 +2,9 @@
 
 Runs before SGLang starts (which takes tens of seconds and then fails with a deep traceback, or --
 for some mismatches -- silently: DFlash's weight loader ignores unknown tensor names).
-Reads only config.json files and the safetensors header; imports neither torch nor sglang.
+Reads only config.json files and the safetensors header; imports neither torch nor sglang. Every rule that refuses
+what it read is sglang_ext/refusals.py's (the worker and the request path call the same); this module reads the
+files and names the field.
 """
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from pathlib import Path
 from service.config import ConfigError, Device, ServeConfig
 from service.sglang_args import CPU_DEFAULTS
 from sglang_ext import refusals, support
-from sglang_ext.sampling_refusals import lossy_sampling
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -83,75 +84,65 @@ def check(config: ServeConfig) -> PreflightReport:
     vocab = _get_int(target, "vocab_size", "model.path", config.model.path)
     spec = config.speculative
     arch = _architecture(config.model.path)
-    why = support.target_refusal(arch, spec.algorithm)
+    why = refusals.target_refusal(arch, spec.algorithm)
     if why is not None:
         raise ConfigError(f"model.path: {why}")
-    why = support.dtype_refusal(arch, config.model.dtype, _checkpoint_dtype(config.model.path))
+    why = refusals.dtype_refusal(arch, config.model.dtype, _checkpoint_dtype(config.model.path))
     if why is not None:
         raise ConfigError(f"model.dtype: {why}")
     if spec.algorithm == "none":
         return PreflightReport(n_layers, hidden, vocab, None, None)
 
     for key in ("enable_watermark", "enable-watermark"):
-        if config.sglang_args.get(key):
-            raise ConfigError(f"sglang_args.{key}: DFlash's verify does not apply SGLang's watermark, so outputs would "
-                              f"silently carry none; serve watermarked traffic with speculative.algorithm: none")
+        why = refusals.watermark_refusal(bool(config.sglang_args.get(key)))
+        if why is not None:
+            raise ConfigError(f"sglang_args.{key}: {why}")
     check_sampling_defaults(config)
-    why = support.draft_window_refusal(config.sglang_args, spec.algorithm)
+    window = config.sglang_args.get("speculative_draft_window_size",
+                                    config.sglang_args.get("speculative-draft-window-size"))
+    why = refusals.draft_window_refusal(window, spec.algorithm)
     if why is not None:
         raise ConfigError(f"sglang_args.speculative_draft_window_size: {why}")
     where = spec.draft_model_path
     field = "speculative.draft_model_path"
     draft = _read_config(where, field)
-    why = support.drafter_refusal(_architecture(where), spec.algorithm)
+    why = refusals.drafter_refusal(_architecture(where), spec.algorithm)
     if why is not None:
         raise ConfigError(f"{field}: {why}")
     block_verification = any(config.sglang_args.get(k) for k in ("speculative_use_block_verification",
                                                                    "speculative-use-block-verification"))
-    on_cpu = config.server.device.value == "cpu"
-    if block_verification and on_cpu and support.is_selector_drafter(_architecture(where)):
-        raise ConfigError("sglang_args.speculative_use_block_verification: on CPU a DFlash2 drafter's path is verified "
-                          "token by token (exact; sglang_ext/cpu/sampling.py), and block verification has no CPU "
-                          "sampler: unset it on CPU")
+    why = refusals.block_verification_refusal(block_verification, config.server.device.value,
+                                              support.is_selector_drafter(_architecture(where)))
+    if why is not None:
+        raise ConfigError(f"sglang_args.speculative_use_block_verification: {why}")
     if not list(where.glob("*.safetensors")):
         raise ConfigError(f"{field}: no *.safetensors weights in {where}")
-    d_hidden = _get_int(draft, "hidden_size", field, where)
-    if d_hidden != hidden:
-        raise ConfigError(f"{field}: drafter hidden_size {d_hidden} does not match the target's {hidden} "
-                          f"(model.path); this drafter was trained for another model")
-    d_vocab = _get_int(draft, "vocab_size", field, where)
-    if d_vocab != vocab:
-        raise ConfigError(f"{field}: drafter vocab_size {d_vocab} does not match the target's {vocab} "
-                          f"(model.path); drafter and target must share a tokenizer")
+    why = (refusals.hidden_size_refusal(_get_int(draft, "hidden_size", field, where), hidden)
+           or refusals.vocab_size_refusal(_get_int(draft, "vocab_size", field, where), vocab))
+    if why is not None:
+        raise ConfigError(f"{field}: {why}")
     dflash = draft.get("dflash_config") or {}
     layer_ids = dflash.get("target_layer_ids")
     if not isinstance(layer_ids, list) or not layer_ids or not all(isinstance(i, int) for i in layer_ids):
         raise ConfigError(f"{field}: config.json needs dflash_config.target_layer_ids (a list of target layer indices)")
-    bad = [i for i in layer_ids if not 0 <= i < n_layers]
-    if bad:
-        raise ConfigError(f"{field}: dflash_config.target_layer_ids {bad} out of range for a target with "
-                          f"{n_layers} layers (valid: 0..{n_layers - 1})")
-    why = support.last_layer_refusal(arch, layer_ids, n_layers)
+    why = (refusals.layer_ids_refusal(layer_ids, n_layers) or refusals.last_layer_refusal(arch, layer_ids, n_layers)
+           or refusals.mask_token_refusal(dflash.get("mask_token_id"), vocab))
     if why is not None:
         raise ConfigError(f"{field}: {why}")
-    mask = dflash.get("mask_token_id")
-    if mask is not None and not (isinstance(mask, int) and 0 <= mask < vocab):
-        raise ConfigError(f"{field}: dflash_config.mask_token_id {mask} is outside the target vocabulary (0..{vocab - 1})")
     draft_block = draft.get("block_size", dflash.get("block_size"))
     if not isinstance(draft_block, int) or draft_block < 2:
         raise ConfigError(f"{field}: config.json needs an integer block_size >= 2 (the drafter's trained block)")
     block = spec.block_size or draft_block
-    if block > draft_block:
-        raise ConfigError(f"speculative.block_size: {block} is larger than the drafter's trained block_size "
-                          f"{draft_block}; use a value in 2..{draft_block}")
+    why = refusals.block_size_refusal(block, draft_block)
+    if why is not None:
+        raise ConfigError(f"speculative.block_size: {why}")
     if spec.algorithm == "dflash_adaptive":
         _check_adaptive(spec, draft_block, config.server.device.value, config.sglang_args,
                         hybrid=refusals.is_hybrid_target(target),
                         selector=support.is_selector_drafter(_architecture(where)))
-    fc = _safetensors_shapes(where).get("fc.weight")
-    if fc is not None and fc != [hidden, len(layer_ids) * hidden]:
-        raise ConfigError(f"{field}: fc.weight has shape {fc}, expected [{hidden}, {len(layer_ids) * hidden}] "
-                          f"for {len(layer_ids)} target layers of hidden size {hidden}")
+    why = refusals.fc_shape_refusal(_safetensors_shapes(where).get("fc.weight"), hidden, len(layer_ids))
+    if why is not None:
+        raise ConfigError(f"{field}: {why}")
     return PreflightReport(n_layers, hidden, vocab, draft_block, block, tuple(layer_ids))
 
 
@@ -229,7 +220,7 @@ def _model_sampling_defaults(config: ServeConfig) -> dict:
 
 def check_sampling_defaults(config: ServeConfig) -> None:
     """Every request inherits the operator's `preferred_sampling_params` and (chat) the model's generation config:
-    one that DFlash cannot serve losslessly (sglang_ext/sampling_refusals.py, the rule each request is held to) is
+    one that DFlash cannot serve losslessly (sglang_ext/refusals.py, the rule each request is held to) is
     refused here, with the fix, rather than served lossy or refused on every request."""
     cpu = config.server.device is Device.cpu
     overlap = not config.sglang_args.get("disable_overlap_schedule", cpu and CPU_DEFAULTS["disable_overlap_schedule"])
@@ -238,11 +229,7 @@ def check_sampling_defaults(config: ServeConfig) -> None:
                ("model.path", _model_sampling_defaults(config),
                 "set sglang_args.sampling_defaults: openai to serve without the model's defaults"))
     for field, params, remove in sources:
-        lossy = lossy_sampling(params, overlap)
-        if lossy is None:
-            continue
-        where = "its generation_config.json sets" if field == "model.path" else "sets"
-        fix = f"{lossy.server_fix}, or {remove}" if lossy.server_fix else remove
-        raise ConfigError(f"{field}: {where} {lossy.param} {params[lossy.param]!r} for every request; "
-                          f"{lossy.param} {lossy.why}; {fix}")
+        why = refusals.sampling_defaults_refusal(params, overlap, from_model=field == "model.path", remove=remove)
+        if why is not None:
+            raise ConfigError(f"{field}: {why}")
 

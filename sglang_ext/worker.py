@@ -23,9 +23,10 @@ own copy-done sync, in launch order, and the loop reads them then.
 Supported drafters: DFlash (z-lab format) and DFlash2 (a candidate selector's path, its prefix verified at width b:
 steps/draft.py; no trees or per-request widths); targets: the support matrix's families (sglang_ext/support.py,
 docs/MODELS.md). Heads that propose otherwise (LiLiCorr, Domino), a draft sliding window and targets outside the
-matrix are refused at start-up with the fix (serve with ``dflash``). Hybrid (gated-delta-net / mamba)
-targets are served at chain widths on CPU: the verify keeps every position's recurrent state aside and upstream's
-commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request widths and GPUs are refused.
+matrix are refused at start-up with the fix (serve with ``dflash``; every rule: sglang_ext/refusals.py). Hybrid
+(gated-delta-net / mamba) targets are served at chain widths on CPU: the verify keeps every position's recurrent
+state aside and upstream's commit keeps the accepted prefix's (``steps/verify.py``); their trees, per-request
+widths and GPUs are refused.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import sglang.srt.speculative.dflash_worker_v2 as upstream
 from sglang.srt.runtime_context import get_memory, get_schedule
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from sglang_ext import names, refusals, support
+from sglang_ext import names, refusals
 from sglang_ext.controller.policy import Decision, calibrated_widths
 from sglang_ext.controller_loop import ControllerLoop
 from sglang_ext.patches.plain_decode import PLAIN_ATTR
@@ -123,18 +124,15 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         return self.loop.controller
 
     def _refuse_unsupported(self) -> None:
-        fix = "serve this pair with speculative.algorithm: dflash"
-        if self.lilicorr is not None or self._is_domino:
-            raise ValueError(f"DFLASH_ADAPTIVE supports DFlash and DFlash2 drafters; this drafter has a "
-                             f"LiLiCorr/Domino head: {fix}")
-        if self.use_compact_draft_cache:
-            raise ValueError(f"DFLASH_ADAPTIVE does not support a draft window (speculative_draft_window_size); "
-                             f"unset it or {fix}")
-        if upstream.get_parallel().attn_dp_enabled:
-            raise ValueError(f"DFLASH_ADAPTIVE does not support data-parallel attention: {fix}")
-        # the support matrix, as the preflight applies it (sglang_ext/support.py), for a server started without it
+        """The preflight's rules (sglang_ext/refusals.py) on what SGLang built, for a server started without it."""
+        algorithm = names.ALGORITHM.lower()
+        why = (refusals.drafter_head_refusal(self.lilicorr is not None, self._is_domino)
+               or refusals.draft_window_refusal(self.draft_window_size, algorithm)
+               or refusals.dp_attention_refusal(bool(upstream.get_parallel().attn_dp_enabled)))
+        if why is not None:
+            raise ValueError(f"DFLASH_ADAPTIVE {why}")
         archs = getattr(self.target_worker.model_runner.model_config.hf_config, "architectures", None) or [None]
-        why = support.target_refusal(archs[0], names.ALGORITHM.lower())
+        why = refusals.target_refusal(archs[0], algorithm)
         if why is not None:
             raise ValueError(f"DFLASH_ADAPTIVE: {why}")
 

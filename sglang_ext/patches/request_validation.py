@@ -33,7 +33,7 @@ Found by the property-based run against the OpenAPI document (tests/integration/
    shares a prefill batch is a matter of timing). Refused in the per-request hook: a prompt needs at least one token.
 7. **Sampling DFlash cannot serve as plain decoding would** (DFLASH and DFLASH_ADAPTIVE only; see
    patches/verify_sampling.py, which makes every other sampling parameter lossless): a custom logit processor
-   (verify rows after the first would see the request state of the first), and what sglang_ext/sampling_refusals.py
+   (verify rows after the first would see the request state of the first), and what sglang_ext/refusals.py
    rules lossy (a seed while sampling, penalties under the overlap scheduler). Refused with the parameter named and
    the fix, in `TokenizerManager._create_tokenized_object`, on the parameters SGLang serves: the operator's
    `preferred_sampling_params` merged there (`_validate_one_request` runs before that merge, so an operator's
@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import Any
 
 from sglang_ext.patches.wrap import when_imported, wrap
-from sglang_ext.sampling_refusals import is_dflash, lossy_sampling
+from sglang_ext.refusals import custom_logit_processor_refusal, is_dflash, request_sampling_refusal
 
 
 def check_prompt_not_empty(input_ids) -> None:
@@ -80,9 +80,10 @@ def check_logprob_args(obj, vocab_size: int) -> None:
 
 
 def check_custom_logit_processor(obj, server_args) -> None:
-    if is_dflash(getattr(server_args, "speculative_algorithm", None)) and getattr(obj, "custom_logit_processor", None):
-        raise ValueError("custom_logit_processor is not supported with DFlash speculative decoding (its verify rows "
-                         "would not see the tokens before them); serve this request without speculation")
+    why = custom_logit_processor_refusal(getattr(server_args, "speculative_algorithm", None),
+                                         getattr(obj, "custom_logit_processor", None))
+    if why is not None:
+        raise ValueError(why)
 
 
 def check_speculative_sampling(obj, server_args, preferred: Mapping[str, Any] | None) -> None:
@@ -95,11 +96,10 @@ def check_speculative_sampling(obj, server_args, preferred: Mapping[str, Any] | 
     params = getattr(obj, "sampling_params", None)
     if not isinstance(params, dict):
         return
-    lossy = lossy_sampling({**(preferred or {}), **params},
-                           overlap=not getattr(server_args, "disable_overlap_schedule", False))
-    if lossy is not None:
-        fix = f"{lossy.server_fix} on the server, or drop {lossy.param}" if lossy.server_fix else f"drop {lossy.param}"
-        raise ValueError(f"{lossy.param} {lossy.why}; {fix}")
+    why = request_sampling_refusal({**(preferred or {}), **params},
+                                   overlap=not getattr(server_args, "disable_overlap_schedule", False))
+    if why is not None:
+        raise ValueError(why)
 
 
 def _is_int(v) -> bool:

@@ -345,7 +345,7 @@ def resolve(module, qualname):
 
 def fake_worker(**kw):
     return types.SimpleNamespace(**({"selector": None, "lilicorr": None, "_is_domino": False,
-                                     "use_compact_draft_cache": False} | kw))
+                                     "draft_window_size": None} | kw))
 
 
 DEMOS = {}
@@ -436,7 +436,7 @@ def _():
         warned[name] = any("has no effect" in m for m in h.messages)
     return {"window_outcome": outcomes, "warns_no_effect": warned,
             "adaptive_worker_refuses_window":
-                outcome(AdaptiveDFlashWorker._refuse_unsupported, fake_worker(use_compact_draft_cache=True))}
+                outcome(AdaptiveDFlashWorker._refuse_unsupported, fake_worker(draft_window_size=64))}
 
 
 @demo("validation_hook.py:handle_aux_hidden_state_capture")

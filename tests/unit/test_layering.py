@@ -21,15 +21,16 @@ ALLOWED: dict[str, set[str]] = {
     "sglang_ext.cpu": {"sglang_ext.names"},
     "sglang_ext.verify_rows": set(),  # torch only
     "sglang_ext.tree": set(),  # torch only
-    "sglang_ext.sampling_refusals": set(),  # pure
+    "sglang_ext.support": set(),  # the support matrix's rows: data only
+    "sglang_ext.refusals": {"sglang_ext.names", "sglang_ext.support"},  # every refusal rule: no sglang, no torch
     "sglang_ext.capture": {"sglang_ext.settings"},  # the capture store's writer (no sglang, no torch)
     "sglang_ext.patches": {"sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext.verify_rows",
-                           "sglang_ext.tree", "sglang_ext.sampling_refusals", "sglang_ext.capture"},
+                           "sglang_ext.tree", "sglang_ext.refusals", "sglang_ext.capture"},
     "sglang_ext": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.controller_loop",
                    "sglang_ext.cpu", "sglang_ext.patches", "sglang_ext.verify_rows", "sglang_ext.tree",
-                   "sglang_ext.sampling_refusals", "sglang_ext.capture"},
+                   "sglang_ext.support", "sglang_ext.refusals", "sglang_ext.capture"},
     "service": {"sglang_ext.controller", "sglang_ext.names", "sglang_ext.settings", "sglang_ext.cpu", "sglang_ext",
-                "sglang_ext.sampling_refusals"},
+                "sglang_ext.support", "sglang_ext.refusals"},
     "harness": {"sglang_ext.controller"},
     "dflash_models": {"harness"},
 }

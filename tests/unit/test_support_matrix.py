@@ -1,7 +1,7 @@
-"""The support matrix (sglang_ext/support.py, docs/MODELS.md): the preflight refuses what dflash_adaptive does not
-serve, with the reason and the fix, and never refuses silently: every draft architecture upstream's DFLASH serves
-and every target family upstream's DFLASH worker accepts is either served by dflash_adaptive or named in
-docs/MODELS.md with the reason (the parity guard, read from SGLang's own model sources)."""
+"""The support matrix (sglang_ext/support.py, its rules in sglang_ext/refusals.py, docs/MODELS.md): the preflight
+refuses what dflash_adaptive does not serve, with the reason and the fix, and never refuses silently: every draft
+architecture upstream's DFLASH serves and every target family upstream's DFLASH worker accepts is either served by
+dflash_adaptive or named in docs/MODELS.md with the reason (the parity guard, read from SGLang's own model sources)."""
 from __future__ import annotations
 
 import ast
@@ -17,7 +17,7 @@ import yaml
 
 from service.config import ConfigError, load_config
 from service.preflight import check
-from sglang_ext import support
+from sglang_ext import refusals, support
 from tests.conftest import REPO
 
 SGLANG_MODELS = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "models"
@@ -74,8 +74,8 @@ def refused_section(doc: str) -> str:
 def unexplained(doc: str, drafts: list[str], targets: list[str]) -> list[str]:
     """The architectures dflash_adaptive refuses that docs/MODELS.md's refused section does not name."""
     section = refused_section(doc)
-    refused = ([d for d in drafts if support.drafter_refusal(d, "dflash_adaptive") is not None]
-               + [t for t in targets if support.target_refusal(t, "dflash_adaptive") is not None])
+    refused = ([d for d in drafts if refusals.drafter_refusal(d, "dflash_adaptive") is not None]
+               + [t for t in targets if refusals.target_refusal(t, "dflash_adaptive") is not None])
     return [a for a in refused if f"`{a}`" not in section]
 
 
@@ -199,7 +199,7 @@ def test_the_last_target_layer_is_refused_where_sglang_does_not_capture_it(tmp_p
         with pytest.raises(ConfigError, match=r"^speculative.draft_model_path: dflash_config.target_layer_ids "
                                               r"\[1, 3\] include the target's last layer 3.*layers are 0..2$"):
             _check(tmp_path, pair, algorithm)
-    assert support.last_layer_refusal("Gemma4ForCausalLM", [1, 3], 4) is None  # Gemma 4 captures it
+    assert refusals.last_layer_refusal("Gemma4ForCausalLM", [1, 3], 4) is None  # Gemma 4 captures it
 
 
 def test_gpt_oss_in_another_dtype_than_its_checkpoint_is_refused(tmp_path, pair):
