@@ -33,6 +33,8 @@ def servers(config: ServeConfig, fleet: bool = False) -> list[str]:
 
 
 def settings(config: ServeConfig, fleet: bool = False) -> dict:
+    """The learner's settings file, field for field its LearnSettings (dflash_models/learn/settings.py, which
+    this package does not import): every default is the `learning:` section's."""
     lr = config.learning
     if not lr.enabled or lr.store_dir is None:
         raise ConfigError("learning.enabled: false: turn learning on (and restart the servers) before "

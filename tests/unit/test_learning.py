@@ -3,6 +3,7 @@
 pair (offline, as `dflash-serve learn` measures)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -91,6 +92,24 @@ def test_learning_is_off_by_default_and_its_section_is_checked(tmp_path):
         parse_config({**_cfg(enabled=True, store_dir="s"), "server": {}})
     with pytest.raises(ConfigError, match="DFlash drafter"):
         parse_config({**_cfg(enabled=True, store_dir="s"), "speculative": {"algorithm": "none"}})
+
+
+def test_the_learner_reads_every_setting_the_config_writes_and_no_other(tmp_path):
+    """service/learn.py writes the settings from the `learning:` section (every default is the config's);
+    the learner's LearnSettings reads exactly those fields and refuses a file with others or fewer."""
+    from dflash_models.learn.settings import LearnSettings
+    from service import learn
+
+    cfg = parse_config(_cfg(enabled=True, store_dir="st"), base=tmp_path)
+    written = learn.settings(cfg)
+    assert set(written) == {f.name for f in dataclasses.fields(LearnSettings)}
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(written))
+    s = LearnSettings.read(path)
+    assert s.steps == cfg.learning.steps and s.promote_confidence == cfg.learning.promote_confidence
+    path.write_text(json.dumps({k: v for k, v in written.items() if k != "threads"}))
+    with pytest.raises(SystemExit, match=r"missing \['threads'\]"):
+        LearnSettings.read(path)
 
 
 def test_the_gate_rule_needs_both_figures():
@@ -223,6 +242,7 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
 
     from dflash_models import corpus
     from dflash_models.learn.cli import Learner
+    from dflash_models.learn.settings import LearnSettings
     from dflash_models.learn.distill import load_drafter
 
     tok = AutoTokenizer.from_pretrained(str(BUNDLED / "target"))
@@ -240,10 +260,10 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     orig = {"sequences": seqs[:6], "starts": [32] * 6}  # a small original mix: no generation in a unit test
     torch.save(orig, work / "original" / "train.pt")
     torch.save(orig, work / "original" / "eval.pt")
-    s = {"work_dir": str(work), "initial_drafter": str(BUNDLED / "drafter"), "store_dir": str(tmp_path / "store"),
-         "target": str(BUNDLED / "target"), "min_sequences": 8, "holdout_fraction": 0.25, "steps": 2,
-         "original_share": 0.25, "promote_margin": 10.0, "max_original_loss": 0.05, "servers": [],
-         "metrics_port": None}
+    s = LearnSettings(work_dir=str(work), initial_drafter=str(BUNDLED / "drafter"), store_dir=str(tmp_path / "store"),
+                      target=str(BUNDLED / "target"), min_sequences=8, holdout_fraction=0.25, steps=2,
+                      original_share=0.25, promote_margin=10.0, promote_confidence=0.95, max_original_loss=0.05,
+                      servers=[], admin_key_env=None, threads=1, interval_seconds=300.0, metrics_port=None)
     capture(seqs[:8])
     w.close()
     learner = Learner(s)
@@ -251,7 +271,7 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     assert first["outcome"] == "refused" and first["start"] == {"from": "initial", "steps_before": 0}
     meta = learner.versions.candidate_meta()
     assert meta["base"] == "initial" and meta["steps"] == 2
-    assert meta["trained_through"] < store.read(s["store_dir"])[-2].t  # trained on 6, the newest 2 held out
+    assert meta["trained_through"] < store.read(s.store_dir)[-2].t  # trained on 6, the newest 2 held out
 
     # The candidate's weights are what the next round trains: spoil them, and the next candidate is spoilt.
     spoilt, _ = load_drafter(BUNDLED / "drafter")
@@ -269,12 +289,12 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     assert gain["candidate"] < 0.5 * gain["serving"], second["recent"]
 
     # A held-out slice reaching into what the candidate trained on: start over from the serving drafter.
-    learner.s["holdout_fraction"] = 0.5
+    learner.s = dataclasses.replace(learner.s, holdout_fraction=0.5)
     third = learner.round()
     assert third["start"] == {"from": "initial", "steps_before": 0}
 
     # A promotion ends the line: the candidate is dropped, the next round starts from the promoted drafter.
-    learner.s.update(promote_margin=-1.0, max_original_loss=10.0, promote_confidence=0.0)
+    learner.s = dataclasses.replace(learner.s, promote_margin=-1.0, max_original_loss=10.0, promote_confidence=0.0)
     promoted = learner.round()
     assert promoted["outcome"] == "promoted" and learner.versions.serving == promoted["version"]
     assert learner.versions.candidate_meta() is None
