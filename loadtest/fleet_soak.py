@@ -51,6 +51,7 @@ import yaml
 
 from loadtest import faults, server_metrics
 from loadtest.dataset import load_prompts
+from loadtest.soak_args import add_soak_flags
 from loadtest.sse import ChatStreamParser, StreamError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -494,29 +495,14 @@ def parse_args(argv=None):
     p.add_argument("--retract-interval", type=int, default=25,
                    help="SGLang retracts decode requests every this many forward steps on each replica "
                         "(SGLANG_TEST_RETRACT; 0: only when the pool is really full)")
-    p.add_argument("--duration", type=float, default=600, help="seconds of load (default: %(default)s)")
-    p.add_argument("--users", type=int, default=50)
     p.add_argument("--kill-at", type=float, nargs="*", default=[0.3, 0.6],
                    help="fractions of the run at which a replica is killed, replica 0, 1, ... in turn")
     p.add_argument("--first-replica", type=int, default=0, help="the replica the first kill takes")
-    p.add_argument("--disconnect-share", type=float, default=0.15)
-    p.add_argument("--bad-share", type=float, default=0.15)
-    p.add_argument("--max-tokens", type=int, default=64, help="normal requests draw from [max/4, max]")
-    p.add_argument("--think-time", type=float, default=0.0, help="mean pause between a user's requests (s)")
-    p.add_argument("--dataset", default=None, help="prompt JSONL (default: the bundled mix)")
     p.add_argument("--context", type=int, default=4096, help="the model's context, for the over-long bodies")
-    p.add_argument("--oversized-bytes", type=int, default=3 * 1024 * 1024)
-    p.add_argument("--request-timeout", type=float, default=300)
     p.add_argument("--drain-timeout", type=float, default=300,
                    help="seconds after the load for open requests to be answered; later ones are lost")
     p.add_argument("--restart-timeout", type=float, default=300, help="seconds a killed replica has to rejoin")
-    p.add_argument("--idle-timeout", type=float, default=60, help="seconds a replica may take to be idle")
-    p.add_argument("--settle", type=float, default=5, help="seconds after idle before the last samples")
-    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before the RSS baseline")
-    p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed RSS growth, fraction of the baseline")
-    p.add_argument("--rss-tolerance-mb", type=float, default=64, help="allowed RSS growth floor, MiB")
-    p.add_argument("--sample-every", type=float, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    add_soak_flags(p, idle_timeout=60, idle_help="seconds a replica may take to be idle")
     p.add_argument("--workdir", help="where the fleet writes its configs and log")
     p.add_argument("--out", help=f"JSON report (default: {RESULTS.relative_to(REPO)}/fleet_soak_<users>u_<s>s.json)")
     return p.parse_args(argv)

@@ -42,6 +42,7 @@ import psutil
 
 from loadtest import faults, server_metrics
 from loadtest.dataset import load_prompts
+from loadtest.soak_args import add_soak_flags
 from loadtest.sse import ChatStreamParser, StreamError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,22 +404,7 @@ def parse_args(argv=None):
                    help="with --url: the server's pid for RSS (default: whoever listens on the port)")
     p.add_argument("--api-key", default=os.environ.get("DFLASH_SOAK_API_KEY"),
                    help="bearer key (with --config: the started server requires it)")
-    p.add_argument("--duration", type=float, default=600, help="seconds of load (default: %(default)s)")
-    p.add_argument("--users", type=int, default=50)
-    p.add_argument("--disconnect-share", type=float, default=0.15)
-    p.add_argument("--bad-share", type=float, default=0.15)
-    p.add_argument("--max-tokens", type=int, default=64, help="normal requests draw from [max/4, max]")
-    p.add_argument("--think-time", type=float, default=0.0, help="mean pause between a user's requests (s)")
-    p.add_argument("--dataset", default=None, help="prompt JSONL (default: the bundled mix)")
-    p.add_argument("--oversized-bytes", type=int, default=3 * 1024 * 1024)
-    p.add_argument("--request-timeout", type=float, default=300)
-    p.add_argument("--idle-timeout", type=float, default=30, help="seconds the server may take to be idle")
-    p.add_argument("--settle", type=float, default=5, help="seconds after idle before the final samples")
-    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before the RSS baseline")
-    p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed RSS growth, fraction of the baseline")
-    p.add_argument("--rss-tolerance-mb", type=float, default=64, help="allowed RSS growth floor, MiB")
-    p.add_argument("--sample-every", type=float, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    add_soak_flags(p, idle_timeout=30, idle_help="seconds the server may take to be idle")
     p.add_argument("--workdir", help="where a started server writes its config and log")
     p.add_argument("--out", default="soak-report.json", help="JSON report (default: %(default)s)")
     return p.parse_args(argv)
