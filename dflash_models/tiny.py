@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dflash_models import corpus
 from dflash_models.tokenizer import special_ids, train_tokenizer
@@ -41,16 +42,22 @@ class TinySpec:
     seed: int = 0
 
 
-def _qwen3_config(spec: TinySpec, ids: dict[str, int]):
+def qwen3_config(spec: Any, ids: dict[str, int], *, tie_word_embeddings: bool, initializer_range: float,
+                 torch_dtype: str | None = None):
+    """The Qwen3 config of the bundled pair's targets, the random one here and the trained one
+    (train_target.py): ``spec`` has the shape fields (TinySpec, train_target.TargetSpec); ``ids`` the tokenizer's
+    special tokens."""
     from transformers import Qwen3Config
 
+    extra = {} if torch_dtype is None else {"torch_dtype": torch_dtype}
     return Qwen3Config(
         hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab_size=spec.vocab_size,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
-        rope_theta=10000.0, rms_norm_eps=1e-6, torch_dtype="bfloat16", initializer_range=spec.init_std,
+        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
+        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=initializer_range,
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        **extra,
     )
 
 
@@ -144,7 +151,8 @@ def build(out_dir: str | Path, spec: TinySpec = TinySpec(), log=print) -> dict[s
 
     log("[tiny] building random Qwen3 target (biased LM head)")
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(_qwen3_config(spec, ids))
+    model = Qwen3ForCausalLM(qwen3_config(spec, ids, tie_word_embeddings=False, initializer_range=spec.init_std,
+                                          torch_dtype="bfloat16"))
     with torch.no_grad():
         emb, head = model.model.embed_tokens.weight, model.lm_head.weight
         head.copy_(emb)  # untied copy, then bias one row

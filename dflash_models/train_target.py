@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dflash_models import corpus, data
 from dflash_models.progress import Progress, fmt_secs, single_thread
+from dflash_models.tiny import qwen3_config
 from dflash_models.tokenizer import special_ids
 
 
@@ -42,17 +43,10 @@ class TargetSpec:
     seed: int = 0
 
 
-def qwen3_config(spec: TargetSpec, ids: dict[str, int]):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab_size=spec.vocab_size,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=spec.tie_word_embeddings,
-        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-    )
+def target_config(spec: TargetSpec, ids: dict[str, int]):
+    """The trained target's Qwen3 config: the tiny pair's builder with this spec's shape (a tied head; initialised
+    as transformers does)."""
+    return qwen3_config(spec, ids, tie_word_embeddings=spec.tie_word_embeddings, initializer_range=0.02)
 
 
 def lr_at(step: int, spec: TargetSpec, time_frac: float = 0.0) -> float:
@@ -115,7 +109,7 @@ def train(out_dir: str | Path, spec: TargetSpec = TargetSpec(), time_budget_s: f
 
     torch.manual_seed(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
-    cfg = qwen3_config(spec, ids)
+    cfg = target_config(spec, ids)
     cfg._attn_implementation = "sdpa"
     model = Qwen3ForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())

@@ -41,8 +41,7 @@ def small_target(spec: train_target.TargetSpec | None = None):
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = train_target.qwen3_config(spec or small_target_spec(),
-                                    {"<|endoftext|>": 0, "<|im_end|>": 2})
+    cfg = train_target.target_config(spec or small_target_spec(), {"<|endoftext|>": 0, "<|im_end|>": 2})
     cfg._attn_implementation = "sdpa"
     return Qwen3ForCausalLM(cfg)
 
