@@ -163,21 +163,14 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
     except ValueError as e:
         raise ConfigError(f"speculative.adaptive.{e}") from None
     trees = settings.controller.tree_widths(draft_block)
-    why = None
-    if trees:
-        page_size = int(sglang_args.get("page_size") or 1)
-        why = ((refusals.hybrid_tree_refusal() if hybrid else None)
-               or (refusals.selector_tree_refusal() if selector else None)
-               or refusals.tree_refusal(device, int(sglang_args.get("tp_size") or 1), page_size)
-               or (None if device == "cpu" else refusals.tree_attention_refusal(
-                   sglang_args.get("attention_backend"), page_size)))
+    why = refusals.deployment_trees_refusal(
+        trees, draft_block, device=device, tp_size=int(sglang_args.get("tp_size") or 1),
+        page_size=int(sglang_args.get("page_size") or 1), attention_backend=sglang_args.get("attention_backend"),
+        hybrid=hybrid, selector=selector) if trees else None
     if why is not None:
-        raise ConfigError(refusals.tree_widths_error(trees, draft_block, why))
-    why = None
-    if settings.controller.per_request_widths:
-        why = (refusals.hybrid_per_request_widths_refusal() if hybrid
-               else refusals.selector_per_request_widths_refusal() if selector
-               else refusals.per_request_widths_refusal(device))
+        raise ConfigError(why)
+    why = (refusals.deployment_per_request_widths_refusal(device, hybrid=hybrid, selector=selector)
+           if settings.controller.per_request_widths else None)
     if why is not None:
         raise ConfigError(f"speculative.adaptive.per_request_widths: {why}")
     if settings.cost_profile is not None:

@@ -220,6 +220,29 @@ def per_request_widths_refusal(device: str) -> str | None:
             f"graphs are per width), not device {device}; set it false")
 
 
+def deployment_trees_refusal(widths: Sequence[int], block: int, *, device: str, tp_size: int, page_size: int,
+                             attention_backend: str | None, hybrid: bool, selector: bool) -> str | None:
+    """The preflight's whole rule for tree candidates ``widths`` (above the drafter's ``block``), from the config:
+    a hybrid target or a DFlash2 drafter first, then the deployment (tensor parallelism, paging, a GPU's opt-in
+    and attention backend). The worker applies the same parts as each becomes known at start-up."""
+    if not widths:
+        return None
+    why = (hybrid_tree_refusal() if hybrid else None) or (selector_tree_refusal() if selector else None)
+    why = why or tree_refusal(device, tp_size, page_size)
+    if why is None and device != "cpu":
+        why = tree_attention_refusal(attention_backend, page_size)
+    return None if why is None else tree_widths_error(widths, block, why)
+
+
+def deployment_per_request_widths_refusal(device: str, *, hybrid: bool, selector: bool) -> str | None:
+    """The preflight's whole rule for ``per_request_widths`` on: the target, the drafter, then the device."""
+    if hybrid:
+        return hybrid_per_request_widths_refusal()
+    if selector:
+        return selector_per_request_widths_refusal()
+    return per_request_widths_refusal(device)
+
+
 # Layer kinds of a hybrid target's config.json `layer_types` that carry a recurrent state instead of a KV cache
 # (Qwen3.5 / Qwen3-Next gated delta net, mamba layers): what the preflight reads; the worker asks SGLang.
 RECURRENT_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2", "gated_delta_net"})

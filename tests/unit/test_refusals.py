@@ -38,6 +38,9 @@ MESSAGES = {
     **{f"trees_{name}": r.tree_widths_error([32], 16, why) for name, why in [
         ("tp", r.tree_refusal("cpu", 2, 1)), ("page", r.tree_refusal("cpu", 1, 16)),
         ("hybrid", r.hybrid_tree_refusal()), ("selector", r.selector_tree_refusal())]},
+    "deployment_trees": r.deployment_trees_refusal([32], 16, device="cuda", tp_size=1, page_size=1,
+                                                   attention_backend="fa3", hybrid=False, selector=False),
+    "deployment_per_request_widths": r.deployment_per_request_widths_refusal("cpu", hybrid=True, selector=False),
     "request_seed": r.request_sampling_refusal({"sampling_seed": 1, "temperature": 0.7}, overlap=False),
     "request_penalty": r.request_sampling_refusal({"frequency_penalty": 0.5}, overlap=True),
     "defaults_penalty": r.sampling_defaults_refusal({"repetition_penalty": 1.1}, overlap=True, from_model=True,
@@ -63,6 +66,9 @@ def test_what_serves_is_not_refused():
     assert r.hidden_size_refusal(256, 256) is None and r.mask_token_refusal(None, 4096) is None
     assert r.request_sampling_refusal({"frequency_penalty": 0.5}, overlap=False) is None
     assert r.custom_logit_processor_refusal("NONE", "a processor") is None
+    assert r.deployment_trees_refusal([32], 16, device="cpu", tp_size=1, page_size=1, attention_backend=None,
+                                      hybrid=False, selector=False) is None
+    assert r.deployment_per_request_widths_refusal("cpu", hybrid=False, selector=False) is None
 
 
 def test_it_loads_without_torch_or_sglang():
