@@ -29,6 +29,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 from pydantic import BaseModel  # noqa: E402
 
 from service import config as service_config  # noqa: E402
+from service.models import HubModel  # noqa: E402
 from sglang_ext import metrics as metrics_module  # noqa: E402
 from sglang_ext.controller.config import ControllerConfig, field_docs  # noqa: E402
 
@@ -40,7 +41,8 @@ CONFIG_INTRO = """\
 # Config reference
 
 One YAML file (`dflash-serve serve --config X.yaml`; examples in `deploy/configs/`). Relative paths are resolved
-against the config file's directory. Unknown keys are errors, and every error exits with status 2 and one line
+against the config file's directory; a model is a folder or a Hugging Face id
+([DEPLOYMENT.md](DEPLOYMENT.md#models)). Unknown keys are errors, and every error exits with status 2 and one line
 naming the field. Besides each field's own checks, the preflight (`dflash-serve check -c X.yaml`) refuses a drafter
 whose hidden size or vocabulary differs from the target's, whose `target_layer_ids` are out of the target's range,
 whose mask token is outside the vocabulary, whose `fc` projection does not match its layer count, or whose block size
@@ -82,6 +84,8 @@ def _type_name(annotation: Any) -> str:
         return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
     if annotation is Path:
         return "path"
+    if annotation is HubModel:
+        return "Hugging Face id"
     return getattr(annotation, "__name__", str(annotation))
 
 

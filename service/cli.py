@@ -15,7 +15,7 @@ def _serve(a: argparse.Namespace) -> int:
     if a.node_rank is not None:
         config = launcher.with_node_rank(config, a.node_rank)
     # The server process checks sglang_args (it imports SGLang anyway); --dry-run checks them here.
-    plan = launcher.plan(config, validate_sglang_args=a.dry_run)
+    plan = launcher.plan(config, validate_sglang_args=a.dry_run, download=not a.dry_run)
     if a.dry_run:
         print(plan.printable())
         return 0
@@ -26,7 +26,7 @@ def _fleet(a: argparse.Namespace) -> int:
     from service import fleet
 
     config = load_config(a.config)
-    plan = fleet.plan(config, replicas=a.replicas, port=a.port)
+    plan = fleet.plan(config, replicas=a.replicas, port=a.port, download=not a.dry_run)
     if a.dry_run:
         print(plan.printable())
         return 0
@@ -36,10 +36,12 @@ def _fleet(a: argparse.Namespace) -> int:
 def _check(a: argparse.Namespace) -> int:
     from service import launcher
 
-    config = load_config(a.config)
-    plan = launcher.plan(config, validate_sglang_args=not a.skip_sglang_args)
-    r = plan.report
+    # check never downloads: a model not there, or not whole, is an error saying what is missing and the fix
+    plan = launcher.plan(load_config(a.config), validate_sglang_args=not a.skip_sglang_args, download=False)
+    config, r = plan.config, plan.report
     spec = config.speculative
+    for note in plan.model_notes:
+        print(f"ok: {note}")
     print(f"ok: target {config.model.path} ({r.target_layers} layers, hidden {r.hidden_size}, vocab {r.vocab_size})")
     if spec.algorithm != "none":
         print(f"ok: {spec.algorithm} drafter {spec.draft_model_path} (trained block {r.draft_block_size}, "

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      create_model, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, PrivateAttr,
+                      ValidationError, ValidationInfo, create_model, field_validator, model_validator)
+
+from service.models import HubModel, parse_ref
 
 from sglang_ext.controller.config import ControllerConfig
 from sglang_ext.settings import DEFAULT_MAX_REQUEST_BYTES, AdaptiveSettings
@@ -35,6 +37,20 @@ def _resolve(p: Path, info: ValidationInfo) -> Path:
 ConfigPath = Annotated[Path, AfterValidator(_resolve)]
 
 
+def _model_ref(value: Any, info: ValidationInfo) -> Path | HubModel:
+    """A folder or a Hugging Face id (service/models.py parse_ref: the rule that tells them apart)."""
+    if isinstance(value, HubModel):
+        return value
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise ValueError("expected a folder or a Hugging Face id (org/name)")
+    return parse_ref(str(value), (info.context or {}).get("base"))
+
+
+# A model: a folder, relative paths against the config's folder, or a Hugging Face id (org/name[@revision]) read
+# from the local cache and downloaded only with model.download (service/models.py).
+ModelRef = Annotated[Path | HubModel, PlainValidator(_model_ref), PlainSerializer(str, return_type=str)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,12 +61,22 @@ class Device(str, Enum):
 
 
 class ModelConfig(_Strict):
-    path: ConfigPath = Field(description="Target model directory (Hugging Face format).")
-    tokenizer: ConfigPath | None = Field(None, description="Tokenizer directory; default: the model's.")
+    path: ModelRef = Field(
+        description="Target model: a folder (Hugging Face format), or a Hugging Face id `org/name` (`@revision` "
+                    "optional) read from the local Hugging Face cache; an id unless a folder of that name exists "
+                    "next to the config (`./org/name` is always a folder).")
+    tokenizer: ModelRef | None = Field(None, description="Tokenizer folder or Hugging Face id; default: the model's.")
+    download: bool = Field(
+        False, description="Download a Hugging Face id of model.path, model.tokenizer or "
+                           "speculative.draft_model_path that is not complete in the local cache when the server "
+                           "starts (huggingface_hub's snapshot download: complete files kept, a cut-off one "
+                           "resumed; every file checked against the hub's listing). Off: only the cache is read, "
+                           "and a missing model is an error naming what to run.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights/activations dtype; on CPU float32 is faster (no AMX) and bit-exact.")
     served_name: str | None = Field(
-        None, description="Model name clients send and /v1/models lists; default: the path.")
+        None, description="Model name clients send and /v1/models lists; default: the path (a Hugging Face id "
+                          "as written).")
     context_length: int | None = Field(None, gt=0, description="Override the model's context length; default: the model's.")
 
 
@@ -171,7 +197,8 @@ class SpeculativeConfig(_Strict):
     algorithm: Literal["none", "dflash", "dflash_adaptive"] = Field(
         "none", description="none: plain decoding; dflash: upstream DFlash (fixed block); dflash_adaptive: "
                             "DFlash whose verify width the controller picks every decode step.")
-    draft_model_path: ConfigPath | None = Field(None, description="z-lab-format DFlash drafter directory.")
+    draft_model_path: ModelRef | None = Field(
+        None, description="z-lab-format DFlash drafter: a folder or a Hugging Face id, as model.path.")
     block_size: int | None = Field(
         None, ge=2, description="dflash only: tokens verified per step; defaults to the drafter's block_size.")
     adaptive: AdaptiveConfig | None = Field(  # type: ignore[valid-type]

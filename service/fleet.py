@@ -106,8 +106,10 @@ def _core_shares(cores: list[int], n: int) -> list[list[int]]:
 
 
 def plan(config: ServeConfig, *, replicas: int | None = None, port: int | None = None,
-         validate_sglang_args: bool = True) -> FleetPlan:
-    """Each replica's config and environment, and the router's command. Raises ConfigError naming the field."""
+         validate_sglang_args: bool = True, download: bool = True) -> FleetPlan:
+    """Each replica's config and environment, and the router's command. Raises ConfigError naming the field.
+    Models given by Hugging Face id are resolved (downloaded, where `download` and the config allow) here, once:
+    the replicas' configs name folders."""
     fleet = config.fleet
     n = fleet.replicas if replicas is None else replicas
     if n < 1:
@@ -139,6 +141,7 @@ def plan(config: ServeConfig, *, replicas: int | None = None, port: int | None =
             raise ConfigError(f"fleet.gpus: lists {len(gpus)} GPU(s) for {n} replicas (one replica per GPU)")
         updates = [{} for _ in range(n)]
         extra_env = [{"CUDA_VISIBLE_DEVICES": str(g)} for g in gpus[:n]]
+    config, _ = launcher.resolve_models(config, download=download)
     out = []
     for i in range(n):
         cfg = config.model_copy(update={"server": server.model_copy(update={"port": ports[i], **updates[i]})})

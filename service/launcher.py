@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from service import preflight, sglang_args
+from service import models, preflight, sglang_args
 from sglang_ext import names as env_names
 from sglang_ext.settings import CaptureSettings, HttpSettings
 from service.config import ConfigError, Device, ServeConfig
@@ -29,6 +29,8 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     report: preflight.PreflightReport
+    config: ServeConfig | None = None  # the config served: every model a folder (service/models.py)
+    model_notes: tuple[str, ...] = ()  # where each model came from, for `dflash-serve check`
 
     def printable(self) -> str:
         return shlex.join(self.argv)
@@ -136,12 +138,23 @@ def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
     return config.model_copy(update={"sglang_args": {**config.sglang_args, "node_rank": rank}})
 
 
-def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPlan:
-    """Preflight + argument building. Raises ConfigError naming the field.
+def resolve_models(config: ServeConfig, *, download: bool = True) -> tuple[ServeConfig, list[str]]:
+    """Every model of the config as a folder: a Hugging Face id from the local cache, downloaded where
+    `model.download` allows it and `download` (False: `check`, a dry run) does too. ConfigError naming the field."""
+    try:
+        return models.resolve(config, download=download)
+    except models.ModelsError as e:
+        raise ConfigError(str(e)) from None
+
+
+def plan(config: ServeConfig, *, validate_sglang_args: bool = True, download: bool = True) -> LaunchPlan:
+    """Models resolved, preflight, argument building. Raises ConfigError naming the field.
 
     `validate_sglang_args`: check the config's sglang_args against SGLang's parser here (imports SGLang: slow).
     The server process checks them again in any case before it starts (service/server_entry.py), so `serve`
-    passes False and a bad one still fails with its config error, without a second import."""
+    passes False and a bad one still fails with its config error, without a second import. `download`: see
+    resolve_models."""
+    config, notes = resolve_models(config, download=download)
     report = preflight.check(config)
     keys = key_env(config)
     if validate_sglang_args and config.sglang_args:
@@ -153,10 +166,11 @@ def plan(config: ServeConfig, *, validate_sglang_args: bool = True) -> LaunchPla
     env = server_env(config) | keys
     if config.sglang_args:
         env[env_names.SGLANG_ARGS] = json.dumps(config.sglang_args)
-    return LaunchPlan(argv=argv, env=env, report=report)
+    return LaunchPlan(argv=argv, env=env, report=report, config=config, model_notes=tuple(notes))
 
 
 def run(launch: LaunchPlan, config: ServeConfig) -> int:
+    config = launch.config or config
     check_port_free(config.server.host, config.server.port)
     if config.server.cpu_cores:
         os.sched_setaffinity(0, config.server.cpu_cores)  # the server's processes inherit it

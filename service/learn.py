@@ -40,6 +40,9 @@ def settings(config: ServeConfig, fleet: bool = False) -> dict:
         raise ConfigError("learning.enabled: false: turn learning on (and restart the servers) before "
                           "`dflash-serve learn`; docs/LEARNING.md")
     work = lr.work_dir or lr.store_dir.parent / "learner"
+    from service import launcher
+
+    config, _ = launcher.resolve_models(config, download=False)  # the servers downloaded them
     return {"target": str(config.model.path), "initial_drafter": str(config.speculative.draft_model_path),
             "store_dir": str(lr.store_dir), "work_dir": str(work), "servers": servers(config, fleet),
             "admin_key_env": config.server.admin_api_key_env, "threads": lr.threads, "steps": lr.steps,
