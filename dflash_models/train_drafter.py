@@ -55,11 +55,12 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-def load_target(target_dir: str | Path):
+def load_target(target_dir: str | Path, dtype: str = "float32", device: str = "cpu"):
+    """The frozen target, in `dtype` (a torch dtype's name) on `device`."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype)).to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
@@ -84,8 +85,11 @@ def target_features(target, input_ids, layer_ids: list[int], attention_mask=None
 
 
 def precompute_features(target, sequences: list[list[int]], layer_ids: list[int], batch: int = 32, log=print):
-    """Per-sequence feature tensors (stored bf16), right-padded batches of similar length."""
+    """Per-sequence feature tensors (stored bf16, in host memory: a GPU target's would not fit there), right-padded
+    batches of similar length."""
     import torch
+
+    device = next(target.parameters()).device
 
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     feats: list = [None] * len(sequences)
@@ -96,9 +100,9 @@ def precompute_features(target, sequences: list[list[int]], layer_ids: list[int]
         x = torch.zeros(len(idx), width, dtype=torch.long)
         for r, i in enumerate(idx):
             x[r, :len(sequences[i])] = torch.tensor(sequences[i])
-        f = target_features(target, x, layer_ids)  # right padding: causal, earlier tokens unaffected
+        f = target_features(target, x.to(device), layer_ids)  # right padding: causal, earlier tokens unaffected
         for r, i in enumerate(idx):
-            feats[i] = f[r, :len(sequences[i])].to(torch.bfloat16)  # half the memory; batches are fp32
+            feats[i] = f[r, :len(sequences[i])].to("cpu", torch.bfloat16)  # half the memory; batches are fp32
         prog.update(b // batch + 1, tokens=sum(len(sequences[i]) for i in idx))
     return feats
 

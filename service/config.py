@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -276,6 +277,18 @@ class LearningConfig(_Strict):
     max_age_hours: float = Field(168, gt=0, description="Captured requests older than this are deleted.")
     threads: int = Field(1, ge=1, description="Torch threads of `dflash-serve learn` (its own budget: keep it off "
                                               "the servers' cores).")
+    device: str = Field(
+        "cpu", description="Where `dflash-serve learn` loads the target and trains the drafter: cpu, cuda or cuda:N (a GPU "
+                    "of its own: the servers' GPUs have no memory to spare).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The learner's target weights, and the drafter's matmuls (autocast; its own weights and "
+                            "optimizer state stay float32); auto: float32 on cpu, bfloat16 on cuda.")
+    dataset: ConfigPath | None = Field(
+        None, description="The original mix: a JSONL file of prompts like the drafter's training data, one request "
+                          "a line, {\"prompt\": text} or {\"messages\": [{\"role\", \"content\"}, ...]}; the "
+                          "target's own answers to them are what each batch mixes in (original_share) and what "
+                          "max_original_loss is measured on. Required for every target but the bundled tiny pair, "
+                          "whose default is its standard-library mix.")
     steps: int = Field(150, ge=1, description="Fine-tuning steps per learning round.")
     original_share: float = Field(
         0.25, ge=0, lt=1, description="Share of each batch drawn from the drafter's original data (regenerated "
@@ -298,6 +311,19 @@ class LearningConfig(_Strict):
     servers: list[str] | None = Field(
         None, min_length=1, description="Base URLs the learner hot-swaps (every replica); default: this config's "
                                         "server, or with `--fleet` every replica of its fleet.")
+
+
+    @field_validator("device")
+    @classmethod
+    def _a_torch_device(cls, v):
+        if re.fullmatch(r"cpu|cuda(:\d+)?", v) is None:
+            raise ValueError(f"{v!r}: expected cpu, cuda or cuda:N")
+        return v
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
 
 
 class ServeConfig(_Strict):

@@ -43,9 +43,18 @@ def settings(config: ServeConfig, fleet: bool = False) -> dict:
     from service import launcher
 
     config, _ = launcher.resolve_models(config, download=False)  # the servers downloaded them
+    if lr.dataset is not None and not lr.dataset.is_file():  # checked here: the servers never read it
+        raise ConfigError(f"learning.dataset: {lr.dataset} is not a file (a JSONL of prompts or chats: "
+                          f"docs/LEARNING.md)")
+    if lr.dataset is None and not (Path(config.model.path) / "train_meta.json").is_file():
+        raise ConfigError(f"learning.dataset: required for {config.model.path}: the original mix is the target's "
+                          f"answers to prompts like its drafter's training data (a JSONL of prompts or chats, "
+                          f"docs/LEARNING.md); the standard-library mix is only the bundled pair's")
     return {"target": str(config.model.path), "initial_drafter": str(config.speculative.draft_model_path),
             "store_dir": str(lr.store_dir), "work_dir": str(work), "servers": servers(config, fleet),
             "admin_key_env": config.server.admin_api_key_env, "threads": lr.threads, "steps": lr.steps,
+            "device": lr.device, "dtype": lr.resolved_dtype(),
+            "dataset": None if lr.dataset is None else str(lr.dataset),
             "original_share": lr.original_share, "min_sequences": lr.min_sequences,
             "holdout_fraction": lr.holdout_fraction, "promote_margin": lr.promote_margin,
             "promote_confidence": lr.promote_confidence,

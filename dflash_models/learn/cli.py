@@ -30,6 +30,7 @@ from dflash_models.learn.versions import INITIAL, Versions
 
 # The original-mix check needs a large enough slice to see a loss of a few per cent (32 missed one).
 ORIGINAL_TRAIN, ORIGINAL_EVAL, ORIGINAL_MAX_NEW = 96, 128, 96
+ORIGINAL_MAX_PROMPT = 192  # tokens: the end of a longer prompt
 
 
 def log(msg: str) -> None:
@@ -76,17 +77,29 @@ class Learner:
         if self._pair is None:
             from dflash_models.learn.distill import Pair
 
-            self._pair = Pair(self.s.target)
+            self._pair = Pair(self.s.target, device=self.s.device, dtype=self.s.dtype)
         return self._pair
 
     def original(self, layer_ids: list[int]):
-        """(train items, eval items) of the original mix, features included (computed once per process)."""
+        """(train items, eval items) of the original mix, features included (computed once per process): the
+        target's answers to the operator's prompts (`learning.dataset`), or without one to the bundled pair's own
+        standard-library prompts."""
         if self._original is None:
             from dflash_models.learn.distill import original_mix
 
             cache = Path(self.s.work_dir) / "original"
-            tr = original_mix(self.pair, ORIGINAL_TRAIN, "train", 11, ORIGINAL_MAX_NEW, cache / "train.pt", log)
-            ev = original_mix(self.pair, ORIGINAL_EVAL, "heldout", 12, ORIGINAL_MAX_NEW, cache / "eval.pt", log)
+            prompts: tuple = (None, None)
+            if self.s.dataset:
+                from dflash_models.learn import dataset
+
+                train, held = dataset.split(dataset.read(self.s.dataset), ORIGINAL_TRAIN, ORIGINAL_EVAL)
+                cache = cache / dataset.digest(self.s.dataset)  # a changed file: the target answers anew
+                prompts = (dataset.encode(train, self.pair.tokenizer, ORIGINAL_MAX_PROMPT),
+                           dataset.encode(held, self.pair.tokenizer, ORIGINAL_MAX_PROMPT))
+            tr = original_mix(self.pair, ORIGINAL_TRAIN, "train", 11, ORIGINAL_MAX_NEW, cache / "train.pt", log,
+                              max_prompt_tokens=ORIGINAL_MAX_PROMPT, prompts=prompts[0])
+            ev = original_mix(self.pair, ORIGINAL_EVAL, "heldout", 12, ORIGINAL_MAX_NEW, cache / "eval.pt", log,
+                              max_prompt_tokens=ORIGINAL_MAX_PROMPT, prompts=prompts[1])
             self._original = (self.pair.items(*tr, layer_ids, log=lambda *_: None),
                               self.pair.items(*ev, layer_ids, log=lambda *_: None))
         return self._original
@@ -214,7 +227,7 @@ class Learner:
             why = "last candidate trained on part of this round's held-out slice (too little new traffic)"
         else:
             cand = copy.deepcopy(base)
-            cand.load_state_dict(torch.load(weights))
+            cand.load_state_dict(torch.load(weights, map_location="cpu"))
             log(f"[learn] continuing the last candidate ({meta['steps']} steps so far, from {serving})")
             return cand, {"from": "candidate", "steps_before": int(meta["steps"])}
         if why:
@@ -252,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     s = LearnSettings.read(a.settings)
     from dflash_models.progress import single_thread
+
+    if s.dataset and a.action in ("round", "loop"):
+        from dflash_models.learn import dataset
+
+        try:  # before the target is loaded: a bad file is refused at once, naming the field and the line
+            dataset.read(s.dataset)
+        except dataset.DatasetError as e:
+            print(f"dflash-serve learn: error: {e}", file=sys.stderr)
+            return 2
 
     if a.action == "status":
         v = Versions(s.work_dir, s.initial_drafter)

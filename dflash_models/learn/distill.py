@@ -2,11 +2,17 @@
 the target's features regenerated for every sequence (`precompute_features`), random anchors inside each response,
 block masks and exp(-(k-1)/gamma) position weights (`drafter_model.dflash_loss`), AdamW with warmup and cosine.
 
-Each batch mixes `original_share` of the original data -- the target's own greedy responses to prompts of the
-drafter's training split, generated once and cached in the work dir -- so the old domain is not forgotten.
+Each batch mixes `original_share` of the original data -- the target's own greedy responses to the operator's prompts
+(`learning.dataset`), or for the bundled pair to prompts of its training split, generated once and cached in the
+work dir -- so the old domain is not forgotten.
+
+Device and dtype come from the config (`learning.device`, `learning.dtype`): the frozen target is loaded in that
+dtype on that device; the drafter trains there in float32 weights (AdamW's state too), its matmuls under autocast to
+the target's dtype when that is not float32. Features are kept in host memory, a batch at a time on the device.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -33,16 +39,22 @@ class FinetuneSpec:
 class Pair:
     """The frozen target (features, embedding, LM head) and its tokenizer, loaded once per learner process."""
 
-    def __init__(self, target_dir: str | Path) -> None:
+    def __init__(self, target_dir: str | Path, device: str = "cpu", dtype: str = "float32") -> None:
+        import torch
         from transformers import AutoTokenizer
 
         from dflash_models.train_drafter import load_target
 
         self.dir = Path(target_dir)
-        self.target = load_target(self.dir)
+        self.device, self.dtype = torch.device(device), getattr(torch, dtype)
+        self.target = load_target(self.dir, dtype, device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.dir))
         self.embed = self.target.get_input_embeddings()
         self.head_w = self.target.get_output_embeddings().weight
+
+    def autocast(self):
+        """The drafter's forward in the target's dtype (its float32 weights cast per matmul); float32: as is."""
+        return autocast_like(self.head_w)
 
     def stop_ids(self) -> list[int]:
         return sorted({self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -54,6 +66,15 @@ class Pair:
         keep = [i for i in range(len(sequences)) if len(sequences[i]) - starts[i] >= 2]
         feats = precompute_features(self.target, [sequences[i] for i in keep], layer_ids, log=log)
         return [(sequences[i], starts[i], f) for i, f in zip(keep, feats)]
+
+
+def autocast_like(weight):
+    """Autocast to `weight`'s dtype on its device (the target's), or nothing for float32."""
+    import torch
+
+    if weight.dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=weight.device.type, dtype=weight.dtype)
 
 
 def load_drafter(path: str | Path):
@@ -75,13 +96,16 @@ def save_drafter(drafter, cfg: dict, out: Path, tokenizer_dir: Path) -> None:
 
     from dflash_models.tiny import save_drafter as save
 
-    save(out, cfg, {k: v.detach().to(torch.bfloat16) for k, v in drafter.state_dict().items()}, tokenizer_dir)
+    save(out, cfg, {k: v.detach().to("cpu", torch.bfloat16) for k, v in drafter.state_dict().items()},
+         tokenizer_dir)
 
 
 def original_mix(pair: Pair, n: int, split: str, seed: int, max_new: int, cache: Path, log=print,
-                 batch: int = 16, max_prompt_tokens: int = 192) -> tuple[list[list[int]], list[int]]:
-    """The target's greedy responses to `n` prompts of the corpus' `split` ("train": the drafter's own data mix;
-    "heldout": its files never trained on), cached in `cache` (generated once: prompts and weights are fixed)."""
+                 batch: int = 16, max_prompt_tokens: int = 192,
+                 prompts: list[list[int]] | None = None) -> tuple[list[list[int]], list[int]]:
+    """The target's greedy responses to `prompts` (token ids: the operator's dataset, dataset.py), or without them to
+    `n` prompts of the bundled pair's corpus `split` ("train": the drafter's own data mix; "heldout": its files never
+    trained on), cached in `cache` (generated once: prompts and weights are fixed)."""
     import torch
 
     from dflash_models import corpus, data
@@ -90,10 +114,13 @@ def original_mix(pair: Pair, n: int, split: str, seed: int, max_new: int, cache:
         d = torch.load(cache)
         return d["sequences"], d["starts"]
     t0 = time.perf_counter()
-    parts = corpus.split_files(corpus.stdlib_files())
-    prompts = data.prompts(parts.train if split == "train" else parts.heldout, n, seed)
     tok = pair.tokenizer
-    enc = [ids[-max_prompt_tokens:] for ids in tok([p.text for p in prompts], add_special_tokens=False)["input_ids"]]
+    if prompts is None:
+        parts = corpus.split_files(corpus.stdlib_files())
+        texts = [p.text for p in data.prompts(parts.train if split == "train" else parts.heldout, n, seed)]
+        enc = [ids[-max_prompt_tokens:] for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+    else:
+        enc = [ids[-max_prompt_tokens:] for ids in prompts]
     stop = set(pair.stop_ids())
     seqs, starts = [], []
     for b in range(0, len(enc), batch):
@@ -105,6 +132,7 @@ def original_mix(pair: Pair, n: int, split: str, seed: int, max_new: int, cache:
             ids[r, width - len(x):] = torch.tensor(x)
             mask[r, width - len(x):] = 1
         with torch.no_grad():
+            ids, mask = ids.to(pair.device), mask.to(pair.device)
             out = pair.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                        eos_token_id=sorted(stop), pad_token_id=0)
         for r, x in enumerate(chunk):
@@ -130,7 +158,8 @@ def finetune(drafter, pair: Pair, captured: list[Item], original: list[Item], sp
                          steps=spec.steps, lr=spec.lr, warmup=spec.warmup, seed=spec.seed)
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
-    drafter.train()
+    device = pair.head_w.device
+    drafter.to(device).train()
     decay = [p for p in drafter.parameters() if p.ndim >= 2]
     no_decay = [p for p in drafter.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
@@ -144,10 +173,11 @@ def finetune(drafter, pair: Pair, captured: list[Item], original: list[Item], sp
                 [rng.choice(captured) for _ in range(spec.batch_size - n_orig)]
         for g in opt.param_groups:
             g["lr"] = lr_at(step - 1, recipe)
-        tok, f, anchors, ends = make_batch(batch, spec.anchors, recipe.block_size, rng)
-        hidden = drafter(f, tok, anchors, pair.embed)
-        labels, valid = block_labels(tok, anchors, recipe.block_size, ends)
-        loss, st = dflash_loss(hidden, labels, valid, pair.head_w, recipe.gamma)
+        tok, f, anchors, ends = (t.to(device) for t in make_batch(batch, spec.anchors, recipe.block_size, rng))
+        with autocast_like(pair.head_w):
+            hidden = drafter(f, tok, anchors, pair.embed)
+            labels, valid = block_labels(tok, anchors, recipe.block_size, ends)
+            loss, st = dflash_loss(hidden, labels, valid, pair.head_w, recipe.gamma)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), recipe.grad_clip)
         opt.step()

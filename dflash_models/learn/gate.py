@@ -55,16 +55,20 @@ def measure(drafter, embed, head_w, items, classes: list[str] | None = None) -> 
     def acc_of(name: str) -> Acceptance:
         return out.setdefault(name, Acceptance(accepted_by_pos=[0] * (bs - 1), tried_by_pos=[0] * (bs - 1)))
 
-    with torch.no_grad():
+    from dflash_models.learn.distill import autocast_like
+
+    device = head_w.device  # the target's (learning.device); the drafter is moved there
+    drafter.to(device)
+    with torch.no_grad(), autocast_like(head_w):
         for n, (seq, start, feats) in enumerate(items):
             last = min(len(seq) - 1, start + MAX_ANCHORS)
             if last <= start:
                 continue
-            tokens = torch.tensor([seq])
-            anchors = torch.arange(start, last)[None]
-            hidden = drafter(feats[None].float(), tokens, anchors, embed)  # [1, N, bs, H]
+            tokens = torch.tensor([seq], device=device)
+            anchors = torch.arange(start, last, device=device)[None]
+            hidden = drafter(feats[None].float().to(device), tokens, anchors, embed)  # [1, N, bs, H]
             pred = (hidden[0, :, 1:] @ head_w.T).argmax(-1)  # [N, bs-1]
-            labels, valid = block_labels(tokens, anchors, bs, torch.tensor([len(seq)]))
+            labels, valid = block_labels(tokens, anchors, bs, torch.tensor([len(seq)], device=device))
             hit = ((pred == labels[0, :, 1:]) & valid[0, :, 1:]).tolist()
             names = ["all"] + ([classes[n]] if classes else [])
             seq_tokens = seq_steps = 0

@@ -29,6 +29,9 @@ class LearnSettings:
     max_original_loss: float  # the most a candidate may lose on the original mix, as a fraction
     interval_seconds: float  # `loop`: seconds between rounds
     metrics_port: int | None  # Prometheus port of the learner (None: no metrics server)
+    device: str  # where the target and the drafter's training run (learning.device)
+    dtype: str  # the target's dtype there, resolved (learning.dtype)
+    dataset: str | None  # the operator's original mix, a JSONL file (None: the bundled pair's own)
 
     @classmethod
     def read(cls, path: str | Path) -> LearnSettings:

@@ -263,7 +263,8 @@ def test_a_refused_candidate_trains_on_next_round_and_is_never_gated_on_its_own_
     s = LearnSettings(work_dir=str(work), initial_drafter=str(BUNDLED / "drafter"), store_dir=str(tmp_path / "store"),
                       target=str(BUNDLED / "target"), min_sequences=8, holdout_fraction=0.25, steps=2,
                       original_share=0.25, promote_margin=10.0, promote_confidence=0.95, max_original_loss=0.05,
-                      servers=[], admin_key_env=None, threads=1, interval_seconds=300.0, metrics_port=None)
+                      servers=[], admin_key_env=None, threads=1, interval_seconds=300.0, metrics_port=None,
+                      device="cpu", dtype="float32", dataset=None)
     capture(seqs[:8])
     w.close()
     learner = Learner(s)
