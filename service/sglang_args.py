@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 from typing import Any
 
 from service.config import ConfigError, Device, ServeConfig
@@ -59,6 +60,8 @@ def to_argv(items: dict[str, Any]) -> list[str]:
             continue
         if value is True:
             argv.append(_flag(dest))
+        elif isinstance(value, dict):  # a JSON-valued flag (default_chat_template_kwargs, preferred_sampling_params)
+            argv += [_flag(dest), json.dumps(value)]
         elif isinstance(value, (list, tuple)):
             argv += [_flag(dest), *map(str, value)]
         else:
