@@ -238,7 +238,8 @@ class RouterConfig(_Strict):
         description="Other sglang-router arguments by flag name without dashes (e.g. cache_threshold: 0.3); "
                     "validated against its parser. The fleet's own defaults (no circuit breaker: 0.3.2's counts clients' "
                     "4xx; health checks every second, out after 2 failures; retries backing off from 0.3 s, doubling; "
-                    "log level warn) yield to them.")
+                    "log level warn; on GPU, balance_abs_threshold 2 and balance_rel_threshold 1.2, so short "
+                    "prompts spread over the GPUs) yield to them.")
 
 
 class FleetConfig(_Strict):

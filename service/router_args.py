@@ -48,6 +48,20 @@ DEFAULTS: dict[str, Any] = {"disable_circuit_breaker": True, "health_check_inter
                             "retry_initial_backoff_ms": 300, "retry_backoff_multiplier": 2.0,
                             "worker_startup_check_interval": 1, "log_level": "warn"}
 
+# On GPU, besides: cache-aware routing balances only once one replica holds both `balance_abs_threshold` more
+# requests than the least loaded and `balance_rel_threshold` times as many (the router's defaults: 64 and 1.5).
+# Short chat prompts share their chat template's prefix, so below that every one of them goes to the replica that
+# served the first: on CPU, where replicas split one machine's cores, that costs little (and spreading costs the
+# cores' shared caches: docs/BENCHMARKS.md#fleet-routing-balance); on GPUs each replica has an accelerator of its
+# own, and one left idle is capacity lost. With these, loads stay within a few requests of each other and the
+# cache decides among replicas about as loaded.
+GPU_DEFAULTS: dict[str, Any] = {"balance_abs_threshold": 2, "balance_rel_threshold": 1.2}
+
+
+def defaults(config: ServeConfig) -> dict[str, Any]:
+    """The fleet's router defaults for this config (the config's own `fleet.router.args` override them)."""
+    return DEFAULTS | (GPU_DEFAULTS if config.server.device.value == "cuda" else {})
+
 
 @functools.lru_cache(maxsize=1)
 def router_parser() -> argparse.ArgumentParser:
@@ -84,4 +98,5 @@ def build_argv(config: ServeConfig, *, port: int, worker_urls: list[str]) -> lis
         # and waits for them as long as the fleet does
         "worker_startup_timeout_secs": max(1, round(config.fleet.startup_timeout_seconds)),
     }
-    return command() + to_argv(owned | {k: v for k, v in DEFAULTS.items() if k not in router.args} | router.args)
+    return command() + to_argv(owned | {k: v for k, v in defaults(config).items() if k not in router.args}
+                               | router.args)

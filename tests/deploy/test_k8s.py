@@ -363,10 +363,10 @@ def test_router_finds_the_replicas(name):
     assert a.port == port(c, "http") and a.host == "0.0.0.0"
     assert a.prometheus_port == port(c, "metrics") and a.prometheus_host == "0.0.0.0"
     assert a.policy == "cache_aware"
-    # the router runs as `dflash-serve fleet` runs it: its measured defaults (service/router_args.py)
-    from service.router_args import DEFAULTS
+    # the router runs as `dflash-serve fleet` runs it on GPU: its defaults (service/router_args.py)
+    from service.router_args import DEFAULTS, GPU_DEFAULTS
 
-    for key, value in DEFAULTS.items():
+    for key, value in (DEFAULTS | GPU_DEFAULTS).items():
         if key != "log_level":  # a cluster's log collector takes the router's own level
             assert getattr(a, key) == value, key
     assert pod_spec(router(docs))["terminationGracePeriodSeconds"] > a.shutdown_grace_period_secs

@@ -71,6 +71,26 @@ def test_gpu_replicas_get_one_device_each(random_pair):
     assert all(r.config.server.cpu_cores is None for r in p.replicas)
 
 
+def test_gpu_fleets_spread_short_prompts(random_pair, monkeypatch):
+    """On GPU the router balances once one replica holds a couple of requests more than another (each replica has
+    an accelerator of its own); on CPU it keeps the router's default; a config's own value wins."""
+    from service.router_args import GPU_DEFAULTS
+
+    cfg = config(random_pair, server={"device": "cuda"})
+    a = fleet.plan(cfg, replicas=4, validate_sglang_args=False).router_argv
+    assert argv_value(a, "--balance-abs-threshold") == [str(GPU_DEFAULTS["balance_abs_threshold"])]
+    assert argv_value(a, "--balance-rel-threshold") == [str(GPU_DEFAULTS["balance_rel_threshold"])]
+    from sglang_router.launch_router import parse_router_args
+
+    parsed = parse_router_args(a[3:])
+    assert (parsed.balance_abs_threshold, parsed.balance_rel_threshold) == (2, 1.2) and parsed.policy == "cache_aware"
+    own = config(random_pair, server={"device": "cuda"}, fleet={"router": {"args": {"balance_abs_threshold": 8}}})
+    assert argv_value(fleet.plan(own, replicas=4, validate_sglang_args=False).router_argv,
+                      "--balance-abs-threshold") == ["8"]
+    monkeypatch.setattr(fleet, "available_cores", lambda: [0, 1])
+    assert "--balance-abs-threshold" not in plan(random_pair, replicas=2).router_argv
+
+
 def test_fewer_gpus_than_replicas_is_refused(random_pair):
     cfg = config(random_pair, server={"device": "cuda"}, fleet={"gpus": [0]})
     with pytest.raises(ConfigError, match=r"fleet.gpus: lists 1 GPU\(s\) for 2 replicas"):
