@@ -259,7 +259,8 @@ def resolve_ref(field: str, ref: Path | HubModel, *, download: bool, notes: list
             return folder
         if not download or offline():
             if folder is None:
-                where = f"is not in the Hugging Face cache ({cache_root()})"
+                where = (f"is not in the Hugging Face cache ({cache_root()}; a folder is written ./{ref.repo_id} "
+                         f"or as an absolute path)")
             else:
                 where = f"is only partly in the Hugging Face cache ({folder}" + (
                     f": {'; '.join(missing[:4])})" if missing else ")")
