@@ -279,8 +279,8 @@ class LearningConfig(_Strict):
     threads: int = Field(1, ge=1, description="Torch threads of `dflash-serve learn` (its own budget: keep it off "
                                               "the servers' cores).")
     device: str = Field(
-        "cpu", description="Where `dflash-serve learn` loads the target and trains the drafter: cpu, cuda or cuda:N (a GPU "
-                    "of its own: the servers' GPUs have no memory to spare).")
+        "cpu", description="Where `dflash-serve learn` loads the target and trains the drafter: cpu, cuda or cuda:N "
+                           "(a GPU of its own: the servers' GPUs have no memory to spare).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="The learner's target weights, and the drafter's matmuls (autocast; its own weights and "
                             "optimizer state stay float32); auto: float32 on cpu, bfloat16 on cuda.")

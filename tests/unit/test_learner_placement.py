@@ -94,8 +94,8 @@ def test_a_round_in_bfloat16_on_the_operators_dataset(tmp_path, capsys):
     files = corpus.split_files(corpus.stdlib_files()).heldout[:10]
     texts = [corpus.read_text(f)[:600] for f in files]
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": t[:200]}) + "\n" for t in texts[:4]) +
-                    "".join(json.dumps({"messages": [{"role": "user", "content": t[:120]}]}) + "\n" for t in texts[4:6]))
+    chats = [{"messages": [{"role": "user", "content": t[:120]}]} for t in texts[4:6]]
+    data.write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": t[:200]} for t in texts[:4]] + chats))
     w = CaptureWriter(CaptureSettings(store_dir=str(tmp_path / "store")))
     for t in texts:
         ids = tok(t, add_special_tokens=False)["input_ids"][:80]
