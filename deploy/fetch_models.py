@@ -73,8 +73,8 @@ def fetch(items: list[tuple[str, str, Path | None]], dry_run: bool = False) -> l
     """Download what is not complete; returns the ids downloaded (or, with dry_run, that would be)."""
     fetched = []
     for field, repo, folder in items:
-        ref = models.parse_ref(repo, None)
-        assert isinstance(ref, models.HubModel), repo
+        repo_id, _, revision = repo.partition("@")
+        ref = models.HubModel(repo_id, revision or None)
         where = folder or "the Hugging Face cache"
         state, missing = _state(ref, folder)
         if state == "complete":
