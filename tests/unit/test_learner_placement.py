@@ -4,6 +4,7 @@ prompts or chats), the standard-library mix only the bundled pair's default. On 
 code path a GPU's bfloat16 does (target weights in bfloat16, the drafter's matmuls under autocast)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -121,6 +122,6 @@ def test_a_round_in_bfloat16_on_the_operators_dataset(tmp_path, capsys):
 
     data.write_text('{"prompt": "a"}\n{"prompt": ""}\n')
     settings = tmp_path / "settings.json"
-    settings.write_text(json.dumps(s))
+    settings.write_text(json.dumps(dataclasses.asdict(s)))
     assert cli.main(["round", "--settings", str(settings)]) == 2
     assert f"learning.dataset: {data} line 2" in capsys.readouterr().err

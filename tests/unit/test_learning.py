@@ -100,7 +100,8 @@ def test_the_learner_reads_every_setting_the_config_writes_and_no_other(tmp_path
     from dflash_models.learn.settings import LearnSettings
     from service import learn
 
-    cfg = parse_config(_cfg(enabled=True, store_dir="st"), base=tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "a"}\n')  # the original mix of a target not bundled
+    cfg = parse_config(_cfg(enabled=True, store_dir="st", dataset="prompts.jsonl"), base=tmp_path)
     written = learn.settings(cfg)
     assert set(written) == {f.name for f in dataclasses.fields(LearnSettings)}
     path = tmp_path / "settings.json"
