@@ -5,30 +5,14 @@ at once. E_r(b) = 1 + sum_{j<b} prod_{i<=j} p_{r,i}, where p_{r,j} is the condit
 j is accepted given tokens 1..j-1 were.
 
 Model:
-  * Exponentially decayed counts (accepted a_j, tried n_j), j = 1..J (J = B_max - 1), kept globally and per slot.
+  * Exponentially decayed counts (accepted a_j, tried n_j), j = 1..J (J = B_max - 1), kept per slot and, per prior
+    class, globally (class_priors.py: the classes, their decay per observed step and their chained prior).
     A request's counts decay by ``decay`` at every decode STEP it is in the batch (``step``): its memory is in
     time, so a request that stops being observed (width 1 between probes) relaxes toward its class's estimate.
-    A class's global counts decay by ``global_decay`` once per step that OBSERVES the class (a verify past width
-    1, a hindsight block resolved), before the step's observations are added: their memory is in observed steps.
-    Why: the global estimate is every new request's prior, and a width-1 stretch observes nothing -- decayed per
-    step, the evidence that drafts are never accepted (prose at temperature 1) faded back to the flat prior between
-    probes spaced by their price (probes.py), and new requests started out drafting again.
-  * Global estimate with a prior chained along positions: p_g1 = (a_g1 + s0*m0) / (n_g1 + s0) and
-    p_gj = (a_gj + s0*p_g,j-1) / (n_gj + s0). Far positions are rarely tried (only after j-1 acceptances), so
-    their prior should be their neighbour's estimate, not a flat m0 (which overstated long blocks on chat).
-  * Request estimate shrunk toward the global one: p_rj = (a_rj + k*p_gj) / (n_rj + k).
-  * The global counts are kept per prior class (``classes``; the policy uses two: greedy and sampled requests),
-    and a request shrinks toward its own class's. Why: what a drafter's guesses are worth differs by class -- a
-    greedy request accepts a draft token that is the target's argmax, a sampled one with the target's probability
-    of it; with one prior, sampled prose after a greedy code phase started from the code prior and drafted wide for
-    about one token a step (docs/ADAPTIVE.md). A class absent from the batch is not observed, so its counts keep
-    (a decayed class falls back to the flat prior, which prices drafting at E(4) ~ 1.9 for either kind of traffic).
+  * Request estimate shrunk toward its class's global one p_gj: p_rj = (a_rj + k*p_gj) / (n_rj + k).
 
-Observation contract (``observe``): each observation is ``(slot, accepted_len, tried)``: positions
-1..min(accepted_len, tried) were tried and accepted; position accepted_len + 1 was tried and rejected iff
-accepted_len < tried; positions beyond are unobserved. This one form covers a verify at width b
-(``tried = b - 1``, censored), a hindsight comparison (``tried = J``) and a flushed partial block
-(``accepted_len = tried = tokens seen``). Callers must not feed the same event twice (see request_state.py).
+Observations (``observe``) take the one form observations.py defines: ``(slot, accepted_len, tried)``, censored at
+``tried``, each event fed once.
 
 Invariants (tested): 0 <= p <= 1; E_r(b) is non-decreasing in b and 1 <= E_r(b) <= b.
 """
@@ -36,6 +20,9 @@ Invariants (tested): 0 <= p <= 1; E_r(b) is non-decreasing in b and 1 <= E_r(b) 
 from __future__ import annotations
 
 import numpy as np
+
+from .class_priors import ClassPriors
+from .observations import position_counts
 
 
 class AcceptanceStats:
@@ -60,27 +47,20 @@ class AcceptanceStats:
         self.decay = float(decay)
         self.global_decay = float(global_decay)
         self.k = float(prior_strength)
-        self.m0 = float(global_prior_mean)
-        self.s0 = float(global_prior_strength)
-        if classes < 1:
-            raise ValueError(f"classes: must be >= 1, got {classes}")
-        self.classes = int(classes)
-        self._a_g = np.zeros((self.classes, self.J))  # [class, J]
-        self._n_g = np.zeros((self.classes, self.J))
+        self.priors = ClassPriors(classes, self.J, decay=global_decay, prior_mean=global_prior_mean,
+                                  prior_strength=global_prior_strength)
+        self.classes = self.priors.classes
         self.slot_class = np.zeros(0, dtype=np.intp)  # each slot's prior class (set by the caller, 0 when reset)
         self.capacity = 0
         # Position-major [J, capacity]: the hot path gathers columns and runs cumprod over contiguous rows.
         self.a_r = np.zeros((self.J, 0))
         self.n_r = np.zeros((self.J, 0))
-        self._pg_cache: np.ndarray | None = None
-        self._kpg_cache: np.ndarray | None = None
         self._mats: dict[bytes, np.ndarray] = {}
         # Bumped by every change but the per-step decay (step()): observations, resets, classes, growth. A caller
         # may reuse an estimate while it is unchanged (BlockSizeController._goodput_reused).
         self.version = 0
         self._decay_slots: np.ndarray | None = None  # step(): the batch whose repeated steps' decay is deferred
         self._decay_steps = 0  # and how many steps of it are
-        self._global_due = np.zeros(self.classes, dtype=bool)  # a step passed since the class's last global decay
         self.resize(capacity)
 
     # -- storage ----------------------------------------------------------------------------------------------
@@ -110,9 +90,7 @@ class AcceptanceStats:
         """Drop every class's global counts (back to the flat prior): the drafter they described was replaced.
         Per-request counts stay: a running request keeps drafting from the context its old drafter wrote."""
         self.flush_decay()
-        self._a_g[:] = 0.0
-        self._n_g[:] = 0.0
-        self._pg_cache = self._kpg_cache = None
+        self.priors.forget()
         self.version += 1
 
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:
@@ -126,37 +104,28 @@ class AcceptanceStats:
     def a_g(self) -> np.ndarray:
         """Global accepted counts pooled over classes [J]."""
         self.flush_decay()
-        return self._a_g.sum(axis=0)
+        return self.priors.a.sum(axis=0)
 
     @property
     def n_g(self) -> np.ndarray:
         """Global tried counts pooled over classes [J]."""
         self.flush_decay()
-        return self._n_g.sum(axis=0)
+        return self.priors.n.sum(axis=0)
+
+    @property
+    def _a_g(self) -> np.ndarray:
+        """Per-class global counts [classes, J] as they stand (no deferred decay applied; tests compare runs by it)."""
+        return self.priors.a
+
+    @property
+    def _n_g(self) -> np.ndarray:
+        """As ``_a_g``, the tried counts."""
+        return self.priors.n
 
     # -- updates ----------------------------------------------------------------------------------------------
-    def _counts(self, groups: np.ndarray, n_groups: int, accepted: np.ndarray, tried: np.ndarray) -> tuple:
-        """Per-group position counts [n_groups, J] (accepted, tried) of a set of observations.
-
-        Each observation is a step function over positions (accepted: j <= acc; tried: j <= min(acc + 1, tried)),
-        so a histogram of the two limits per group and a reverse cumulative sum give the counts without any
-        per-observation loop.
-        """
-        J1 = self.J + 1
-        tr = np.minimum(np.asarray(tried, dtype=np.int64), self.J)
-        acc = np.minimum(np.asarray(accepted, dtype=np.int64), tr)
-        lim = np.minimum(acc + 1, tr)
-        base = groups * J1
-        ha = np.bincount(base + acc, minlength=n_groups * J1).reshape(n_groups, J1)
-        hn = np.bincount(base + lim, minlength=n_groups * J1).reshape(n_groups, J1)
-        # count of observations with limit >= j, for j = 1..J
-        A = np.cumsum(ha[:, ::-1], axis=1)[:, ::-1][:, 1:]
-        N = np.cumsum(hn[:, ::-1], axis=1)[:, ::-1][:, 1:]
-        return A, N
-
     def step(self, slots: np.ndarray, steps: int = 1) -> None:
         """``steps`` decode steps elapsed with ``slots`` in the batch: decay their counts; their classes' global
-        counts decay at their next observation (module docstring).
+        counts decay at their next observation (class_priors.py).
 
         Called again with the very same array object, the decay is deferred to the next read or change of the
         counts, where k such steps cost one multiplication by decay**k. Why: with speculation off a step observes
@@ -180,10 +149,7 @@ class AcceptanceStats:
             d = self.decay ** k
             self.a_r[:, slots] *= d
             self.n_r[:, slots] *= d
-        if self.classes == 1:
-            self._global_due[0] = True
-        else:
-            self._global_due[self.slot_class[slots]] = True
+        self.priors.mark_stepped(0 if self.classes == 1 else self.slot_class[slots])
 
     def observe(self, slots: np.ndarray, accepted: np.ndarray, tried: np.ndarray) -> None:
         """Add observations ``(slots[i], accepted[i], tried[i])`` to the slot and global counts (no decay)."""
@@ -192,29 +158,10 @@ class AcceptanceStats:
         if m == 0 or self.J == 0:
             return
         uniq, inv = np.unique(np.asarray(slots, dtype=np.intp), return_inverse=True)
-        A, N = self._counts(inv, uniq.size, accepted, tried)
+        A, N = position_counts(inv, uniq.size, accepted, tried, self.J)
         self.a_r[:, uniq] += A.T
         self.n_r[:, uniq] += N.T
-        self.version += 1
-        cls = self.slot_class[uniq]
-        if self.classes == 1 or not cls.any():
-            self._add_global(0, A.sum(axis=0), N.sum(axis=0))
-        else:
-            for c in range(self.classes):  # a few classes: masked sums beat np.add.at's per-row scatter
-                mine = cls == c
-                if mine.any():
-                    self._add_global(c, A[mine].sum(axis=0), N[mine].sum(axis=0))
-
-    def _add_global(self, cls: int, a: np.ndarray, n: np.ndarray) -> None:
-        if self._global_due[cls] and self.global_decay < 1.0:  # once per step that observes the class
-            self._a_g[cls] *= self.global_decay
-            self._n_g[cls] *= self.global_decay
-        self._global_due[cls] = False
-        self._a_g[cls] += a
-        self._n_g[cls] += n
-        self.version += 1
-        self._pg_cache = None
-        self._kpg_cache = None
+        self.version += 1 + self.priors.add_rows(self.slot_class[uniq], A, N)
 
     def observe_global_only(self, accepted: np.ndarray, tried: np.ndarray, cls: int = 0) -> None:
         """Observations whose request is gone (flushed at finish): class ``cls``'s global counts only."""
@@ -222,34 +169,20 @@ class AcceptanceStats:
         m = int(np.size(accepted))
         if m == 0 or self.J == 0:
             return
-        A, N = self._counts(np.zeros(m, dtype=np.int64), 1, accepted, tried)
-        self._add_global(int(cls), A[0], N[0])
+        A, N = position_counts(np.zeros(m, dtype=np.int64), 1, accepted, tried, self.J)
+        self.priors.add(int(cls), A[0], N[0])
+        self.version += 1
 
     # -- estimates --------------------------------------------------------------------------------------------
-    def _chained(self, a: np.ndarray, n: np.ndarray) -> np.ndarray:
-        """[C, J] counts -> [C, J] estimates with the prior chained along positions.
-
-        p_j = alpha_j p_{j-1} + beta_j (alpha_j = s0 / (n_j + s0), beta_j = a_j / (n_j + s0), p_0 = m0) in closed
-        form: p_j = P_j (m0 + sum_{i<=j} beta_i / P_i), P_j = prod_{k<=j} alpha_k -- a few array operations
-        instead of a Python loop over positions (this runs at every decision: the step's decay changes the counts).
-        P_j >= (s0 / (n_max + s0))^J stays far above float64's range limit for any count this process reaches."""
-        den = n + self.s0
-        P = np.cumprod(self.s0 / den, axis=1)
-        return P * (self.m0 + np.cumsum(a / den / P, axis=1))
-
     def class_p(self) -> np.ndarray:
         """Global p_j of every class -> [classes, J] (cached until the next update)."""
         self.flush_decay()
-        if self._pg_cache is None:
-            self._pg_cache = self._chained(self._a_g, self._n_g)
-        return self._pg_cache
+        return self.priors.p()
 
     def global_p(self) -> np.ndarray:
         """Global p_j, j = 1..J, of all classes' counts pooled (what the metrics publish)."""
         self.flush_decay()
-        if self.classes == 1:
-            return self.class_p()[0]
-        return self._chained(self.a_g[None], self.n_g[None])[0]
+        return self.priors.pooled_p()
 
     def request_p(self, slots: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
         """Shrunk per-request p_rj for ``slots`` -> [len(slots), J]. Slot 0 (no data) gives its class's global p.
@@ -265,13 +198,12 @@ class AcceptanceStats:
             classes = self.slot_class.take(slots)
         mixed = classes is not None and classes.any()  # else every request is class 0's
         if self.k > 0.0:
-            if self._kpg_cache is None:
-                self._kpg_cache = self.k * self.class_p().T  # [J, classes]
-            a += self._kpg_cache.take(classes, axis=1) if mixed else self._kpg_cache[:, :1]
+            kpg = self.priors.prior_counts_t(self.k)  # [J, classes]
+            a += kpg.take(classes, axis=1) if mixed else kpg[:, :1]
             n += self.k
             a /= n
             return a
-        pg = self.class_p().T.take(classes, axis=1) if mixed else self.class_p()[0][:, None]
+        pg = self.priors.p().T.take(classes, axis=1) if mixed else self.priors.p()[0][:, None]
         safe = np.where(n > 0.0, n, 1.0)
         return np.where(n > 0.0, a / safe, pg)
 
