@@ -58,7 +58,7 @@ class Attention(nn.Module):
         super().__init__()
         h = cfg["hidden_size"]
         self.nh, self.nkv, self.hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        self.theta = float(cfg.get("rope_theta", 10000.0))
+        self.theta = float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
         eps = float(cfg.get("rms_norm_eps", 1e-6))
         self.q_proj = nn.Linear(h, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
@@ -123,9 +123,11 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         h = cfg["hidden_size"]
         eps = float(cfg.get("rms_norm_eps", 1e-6))
-        self.block_size = int(cfg["block_size"])
-        self.target_layer_ids = list(cfg["dflash_config"]["target_layer_ids"])
-        self.mask_token_id = int(cfg["dflash_config"]["mask_token_id"])
+        dflash = cfg["dflash_config"]
+        # where SGLang's loader looks first (z-lab's DFlash2 configs set it only there), then the top level (b16)
+        self.block_size = int(dflash.get("block_size", cfg.get("block_size")))
+        self.target_layer_ids = list(dflash["target_layer_ids"])
+        self.mask_token_id = int(dflash["mask_token_id"])
         self.layers = nn.ModuleList([Layer(cfg) for _ in range(cfg["num_hidden_layers"])])
         self.norm = RMSNorm(h, eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * h, h, bias=False)

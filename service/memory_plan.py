@@ -66,8 +66,11 @@ class Shape:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         types = cfg.get("layer_types")
-        kv_layers = layers if not isinstance(types, list) else sum(t == "full_attention" for t in types)
         dflash = raw.get("dflash_config") or {}
+        # a DFlash drafter's sliding layers (z-lab's DFlash2 layout) keep a full KV too: SGLang builds no
+        # sliding-window pool for its draft architectures (configs/model_config.py is_hybrid_swa_model)
+        full = ("full_attention", "sliding_attention") if dflash else ("full_attention",)
+        kv_layers = layers if not isinstance(types, list) else sum(t in full for t in types)
         return cls(layers=layers, kv_layers=kv_layers, hidden=hidden, heads=heads,
                    kv_heads=int(cfg.get("num_key_value_heads") or heads),
                    head_dim=int(cfg.get("head_dim") or hidden // heads), intermediate=int(cfg["intermediate_size"]),

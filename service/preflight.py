@@ -121,15 +121,20 @@ def check(config: ServeConfig) -> PreflightReport:
            or refusals.vocab_size_refusal(_get_int(draft, "vocab_size", field, where), vocab))
     if why is not None:
         raise ConfigError(f"{field}: {why}")
+    why = refusals.drafter_layout_refusal(draft)
+    if why is not None:
+        raise ConfigError(f"{field}: {why}")
+    # read as SGLang's loader reads them (dflash_utils.parse_dflash_draft_config): dflash_config first, then the
+    # top level -- z-lab's b16 drafters set block_size at the top level, its DFlash2 drafters inside dflash_config
     dflash = draft.get("dflash_config") or {}
-    layer_ids = dflash.get("target_layer_ids")
+    layer_ids = dflash.get("target_layer_ids", draft.get("target_layer_ids"))
     if not isinstance(layer_ids, list) or not layer_ids or not all(isinstance(i, int) for i in layer_ids):
         raise ConfigError(f"{field}: config.json needs dflash_config.target_layer_ids (a list of target layer indices)")
     why = (refusals.layer_ids_refusal(layer_ids, n_layers) or refusals.last_layer_refusal(arch, layer_ids, n_layers)
-           or refusals.mask_token_refusal(dflash.get("mask_token_id"), vocab))
+           or refusals.mask_token_refusal(dflash.get("mask_token_id", draft.get("mask_token_id")), vocab))
     if why is not None:
         raise ConfigError(f"{field}: {why}")
-    draft_block = draft.get("block_size", dflash.get("block_size"))
+    draft_block = dflash.get("block_size", draft.get("block_size"))
     if not isinstance(draft_block, int) or draft_block < 2:
         raise ConfigError(f"{field}: config.json needs an integer block_size >= 2 (the drafter's trained block)")
     block = spec.block_size or draft_block

@@ -70,6 +70,37 @@ def drafter_head_refusal(lilicorr: bool, domino: bool) -> str | None:
     return f"supports DFlash and DFlash2 drafters; this drafter has a LiLiCorr/Domino head: {DFLASH_FIX}"
 
 
+def drafter_layout_refusal(cfg: Mapping[str, Any]) -> str | None:
+    """Why SGLang's DFlash loader (srt/models/dflash.py, srt/speculative/dflash_utils.py) cannot build a drafter
+    from this config.json (None: it can), read as the loader reads it: ``layer_types`` one entry per draft layer,
+    each full or sliding attention, a sliding layer needing ``sliding_window``; DFlash2's convolution needs
+    ``conv_kernel_size`` and ``conv_group_size`` together, the group size dividing ``hidden_size``; its selector
+    ``selector_rank`` and ``selector_top_k`` together. Both published z-lab layouts pass (docs/MODELS.md)."""
+    dflash = cfg.get("dflash_config") or {}
+    n = cfg.get("num_hidden_layers")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n:
+            return (f"layer_types must list one attention type per draft layer ({n}), got {types!r}; "
+                    f"{DRAFTER_FIX}")
+        odd = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+        if odd:
+            return f"layer_types {odd}: a DFlash drafter's layers are full_attention or sliding_attention"
+        if "sliding_attention" in types and not cfg.get("sliding_window"):
+            return "layer_types has sliding_attention layers but config.json sets no sliding_window"
+    taps, group = dflash.get("conv_kernel_size") or 0, dflash.get("conv_group_size") or 0
+    if bool(taps) != bool(group):
+        return (f"dflash_config.conv_kernel_size ({taps}) and conv_group_size ({group}) go together: the "
+                f"drafter's grouped convolution needs both")
+    hidden = cfg.get("hidden_size")
+    if group and isinstance(hidden, int) and hidden % int(group):
+        return f"dflash_config.conv_group_size {group} does not divide hidden_size {hidden}"
+    if bool(dflash.get("selector_rank")) != bool(dflash.get("selector_top_k")):
+        return (f"dflash_config.selector_rank ({dflash.get('selector_rank')}) and selector_top_k "
+                f"({dflash.get('selector_top_k')}) go together: the drafter's candidate selector needs both")
+    return None
+
+
 def last_layer_refusal(architecture: str | None, layer_ids: list[int], n_layers: int) -> str | None:
     """Why these draft feature layers cannot be captured (None: they can). SGLang captures target layer k's output
     as the input of layer k + 1, so most models never see k = n - 1: Qwen3-MoE's index fails at start-up, the
