@@ -186,7 +186,10 @@ def _torch_native_block_attention() -> None:
                 sinks=None):
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(fb.out_cache_loc, self.swa_out_cache_loc), k, v)
-            window = layer.sliding_window_size if causal and layer.sliding_window_size not in (None, -1) else None
+            # a non-causal layer's window too (upstream's torch-native drops it): a DFlash2 drafter's sliding
+            # layers are non-causal (is_causal: false), trained with the window, which GPU attention applies
+            # (SGLang's FlashInfer and Triton backends pass it whatever the causality)
+            window = layer.sliding_window_size if layer.sliding_window_size not in (None, -1) else None
             plans = fb.__dict__.setdefault("_dflash_serve_block_plans", {})
             key = (self.req_to_token_pool.req_to_token.data_ptr(), block, causal, window, prefix_lens is None)
             q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
