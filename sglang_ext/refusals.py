@@ -72,21 +72,22 @@ def drafter_head_refusal(lilicorr: bool, domino: bool) -> str | None:
 
 def drafter_layout_refusal(cfg: Mapping[str, Any]) -> str | None:
     """Why SGLang's DFlash loader (srt/models/dflash.py, srt/speculative/dflash_utils.py) cannot build a drafter
-    from this config.json (None: it can), read as the loader reads it: ``layer_types`` one entry per draft layer,
-    each full or sliding attention, a sliding layer needing ``sliding_window``; DFlash2's convolution needs
+    from this config.json (None: it can), read as the loader reads it: ``layer_types`` an entry for every draft
+    layer, each full or sliding attention, a sliding layer needing ``sliding_window``; DFlash2's convolution needs
     ``conv_kernel_size`` and ``conv_group_size`` together, the group size dividing ``hidden_size``; its selector
     ``selector_rank`` and ``selector_top_k`` together. Both published z-lab layouts pass (docs/MODELS.md)."""
     dflash = cfg.get("dflash_config") or {}
     n = cfg.get("num_hidden_layers")
     types = cfg.get("layer_types")
     if types is not None:
-        if not isinstance(types, list) or len(types) != n:
+        if not isinstance(types, list) or (isinstance(n, int) and len(types) < n):
             return (f"layer_types must list one attention type per draft layer ({n}), got {types!r}; "
                     f"{DRAFTER_FIX}")
-        odd = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+        odd = sorted({t for t in types[:n] if t not in ("full_attention", "sliding_attention")})
         if odd:
             return f"layer_types {odd}: a DFlash drafter's layers are full_attention or sliding_attention"
-        if "sliding_attention" in types and not cfg.get("sliding_window"):
+        # Nemotron 3.5's drafts give the window as dflash_config.swa_window_size (dflash_utils reads it there)
+        if "sliding_attention" in types[:n] and not (cfg.get("sliding_window") or dflash.get("swa_window_size")):
             return "layer_types has sliding_attention layers but config.json sets no sliding_window"
     taps, group = dflash.get("conv_kernel_size") or 0, dflash.get("conv_group_size") or 0
     if bool(taps) != bool(group):
