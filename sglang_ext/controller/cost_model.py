@@ -184,9 +184,9 @@ class CostModel:
     def observe_probe(self, batch_size: int, block_size: int, seconds: float) -> None:
         """Price one probe step (probe_price.py): its time less the active table's price of its width, plus its
         aftermath -- what the steps right after it, at its width and batch bucket, cost above that price, up to
-        the first at or below it and at most PROBE_AFTERMATH_STEPS: they observe the probe's drafted block and are
-        decided again from what it taught. Those steps are the probe's, not their width's (``observe`` leaves them
-        out of the table)."""
+        the first at or below it and at most PROBE_AFTERMATH_STEPS: the drafter's weights and KV pass through the
+        caches in a probe, and the target's steps after it run colder. Those steps are the probe's, not their
+        width's (``observe`` leaves them out of the table)."""
         self._price_probe()
         k = self._block_index.get(int(block_size))
         i = self.bucket_index(int(batch_size))
