@@ -51,11 +51,6 @@ NEVER = 2**62  # "age" of a never-measured cell
 FILL_FLOOR = 0.25
 
 
-# the most steps after a probe that may count as its aftermath (observe_probe): past them a step's time above its
-# width's price is the width's -- the machine's pace changed, not the probe's doing
-PROBE_AFTERMATH_STEPS = 8
-
-
 class CostModel:
     """Seeded, online-refined, monotone step-time table (see module docstring for the two-table contract)."""
 
@@ -102,8 +97,6 @@ class CostModel:
         self._next_version = 1
         self._row_cache: dict[int, np.ndarray] = {}
         self.probe_price = ProbePrice(bk, self.ema)  # a probe's extra time, broadcast with the table
-        # the probe being priced: (bucket, width, extra seconds so far, aftermath steps it may still take)
-        self._aftermath: tuple[int, int, float, int] | None = None
 
     # -- construction -----------------------------------------------------------------------------------------
     @classmethod
@@ -167,8 +160,6 @@ class CostModel:
         if batch_size < 1 or i >= len(self.batch_buckets):
             self.dropped_measurements += 1
             return
-        if self._aftermath is not None and self._after_probe(i, k, int(batch_size), float(seconds)):
-            return
         n = int(self._count[i, k]) + 1
         self._count[i, k] = n
         self._clock += 1
@@ -182,41 +173,14 @@ class CostModel:
         self._est[i, k] = cur + w * (float(seconds) - cur)
 
     def observe_probe(self, batch_size: int, block_size: int, seconds: float) -> None:
-        """Price one probe step (probe_price.py): its time less the active table's price of its width, plus its
-        aftermath -- what the steps right after it, at its width and batch bucket, cost above that price, up to
-        the first at or below it and at most PROBE_AFTERMATH_STEPS: the drafter's weights and KV pass through the
-        caches in a probe, and the target's steps after it run colder. Those steps are the probe's, not their
-        width's (``observe`` leaves them out of the table)."""
-        self._price_probe()
+        """Fold one probe step's time into the probe price (probe_price.py): its time less the active table's
+        price of its width, which is what the probe added."""
         k = self._block_index.get(int(block_size))
         i = self.bucket_index(int(batch_size))
         if k is None or batch_size < 1 or i >= len(self.batch_buckets) or not np.isfinite(self._active).all():
             return
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
-            extra = float(seconds) - float(self.row(int(batch_size))[k])
-            self._aftermath = (i, k, extra, PROBE_AFTERMATH_STEPS)
-
-    def _after_probe(self, i: int, k: int, batch_size: int, seconds: float) -> bool:
-        """A step measured while a probe is being priced: True when it is the probe's aftermath (observe_probe)."""
-        bucket, width, extra, left = self._aftermath
-        if (i, k) == (bucket, width) and left > 0:
-            over = seconds - float(self.row(batch_size)[k])
-            if over > 0:
-                self._aftermath = (bucket, width, extra + over, left - 1)
-                return True
-        self._price_probe()
-        return False
-
-    def _pricing(self) -> tuple[int, float] | None:
-        """The probe being priced: (its bucket, what it cost so far), or None."""
-        return None if self._aftermath is None else (self._aftermath[0], self._aftermath[2])
-
-    def _price_probe(self) -> None:
-        """Fold the probe being priced into the probe price."""
-        if self._aftermath is not None:
-            bucket, _, extra, _ = self._aftermath
-            self._aftermath = None
-            self.probe_price.observe(bucket, extra)
+            self.probe_price.observe(i, float(seconds) - float(self.row(int(batch_size))[k]))
 
     def probe_seconds(self, batch_size: int) -> float | None:
         """The active price of a probe at ``batch_size`` (probe_price.py; None before one was measured)."""
@@ -254,7 +218,7 @@ class CostModel:
             "measurements": self._count.tolist(),
             "age": np.where(self._last >= 0, self._clock - self._last, NEVER).tolist(),
             "seed_measured": self.seed_measured,
-            "probe_extra": self.probe_price.export(self._pricing()),
+            "probe_extra": self.probe_price.export(),
         }
 
     def load(self, table: Mapping[str, Any]) -> None:

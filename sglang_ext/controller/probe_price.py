@@ -9,8 +9,7 @@ them so that their measured price stays within a share of decode time (``probe_b
 
 Contract:
   * ``observe(bucket, extra)`` (TP rank 0, the cost model's learner side): one probe step's time less the active
-    table's price of its width at its batch bucket, with its aftermath (the steps right after it above that price:
-    ``CostModel.observe_probe``); an EMA per bucket (the first measurement taken whole).
+    table's price of its width at its batch bucket; an EMA per bucket (the first measurement taken whole).
   * ``export()`` / ``load()``: the learner's values ride the cost table's broadcast (cost_model.py), so every rank
     spaces probes by identical numbers; ``seconds(batch_size)`` reads only what was loaded.
   * ``seconds(batch_size)``: the loaded price at ``batch_size``'s bucket; an unmeasured bucket takes the nearest
@@ -43,16 +42,8 @@ class ProbePrice:
         cur = self._est[bucket]
         self._est[bucket] = extra if math.isnan(cur) else cur + self.ema * (extra - cur)
 
-    def export(self, pending: tuple[int, float] | None = None) -> list[float | None]:
-        """The learned prices; ``pending`` (bucket, extra so far): a probe still being priced, counted as if
-        observed now (nothing changes: its whole price is observed once known)."""
-        est = self._est
-        if pending is not None:
-            bucket, extra = pending
-            est = est.copy()
-            cur, extra = est[bucket], max(0.0, float(extra))
-            est[bucket] = extra if math.isnan(cur) else cur + self.ema * (extra - cur)
-        return [None if math.isnan(v) else float(v) for v in est]
+    def export(self) -> list[float | None]:
+        return [None if math.isnan(v) else float(v) for v in self._est]
 
     def load(self, values: Sequence[float | None] | None) -> None:
         """Make an ``export()`` result active; None or a missing list (a table from before probe prices) clears."""

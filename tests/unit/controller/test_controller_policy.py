@@ -563,7 +563,7 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
 
     ctrl.observe_step_time(1, 8, 5.0, probe=True)  # a probe: not width 8's time
     assert (ctrl.skipped_probe_timings, measured_8()) == (1, 0)
-    ctrl.observe_step_time(1, 8, 0.9)  # at its price: width 8's (above it, right after a probe: the probe's)
+    ctrl.observe_step_time(1, 8, 5.0)
     assert (ctrl.skipped_probe_timings, measured_8()) == (1, 1)
 
     def learn(c: BlockSizeController, steps: int) -> float:

@@ -47,38 +47,3 @@ def test_a_table_from_before_probe_prices_loads_and_a_bad_price_is_refused() -> 
     table["probe_extra"] = [None] * 2
     with pytest.raises(ValueError, match="probe_extra: 2 values for 6 batch buckets"):
         cost.load(table)
-
-
-def test_the_steps_right_after_a_probe_that_cost_more_than_their_width_are_the_probes_price() -> None:
-    """A probe runs the drafter, and the target's steps after it run colder: what those steps cost above their
-    width's price, up to the first at or below it, is the probe's price, and not their width's."""
-    from sglang_ext.controller.cost_model import PROBE_AFTERMATH_STEPS
-
-    def model() -> CostModel:
-        return CostModel(BUCKETS, (1, 4, 16), np.array([[0.010, 0.02, 0.05]] * len(BUCKETS)), seed_measured=True)
-
-    cost = model()
-    cost.observe_probe(8, 1, 0.035)
-    for seconds in (0.013, 0.012, 0.009, 0.011):  # two steps of aftermath; the third is back at the price
-        cost.observe(8, 1, seconds)
-    cost.load(cost.export())
-    assert cost.probe_seconds(8) == pytest.approx(0.025 + 0.003 + 0.002)
-    assert cost.export()["measurements"][cost.bucket_index(8)][0] == 2  # 9 and 11 ms: the width's own steps
-
-    # a step at another width or batch bucket ends the aftermath at once
-    cost = model()
-    cost.observe_probe(8, 1, 0.035)
-    cost.observe(8, 4, 0.03)
-    cost.observe(8, 1, 0.013)
-    cost.load(cost.export())
-    assert cost.probe_seconds(8) == pytest.approx(0.025)
-
-    # a machine that got slower: past PROBE_AFTERMATH_STEPS its steps are the width's again
-    cost = model()
-    cost.observe_probe(8, 1, 0.035)
-    for _ in range(PROBE_AFTERMATH_STEPS + 3):
-        cost.observe(8, 1, 0.015)
-    cost.load(cost.export())
-    assert cost.probe_seconds(8) == pytest.approx(0.025 + PROBE_AFTERMATH_STEPS * 0.005)
-    assert cost.export()["measurements"][cost.bucket_index(8)][0] == 3
-    assert cost.row(8)[0] > 0.010  # it learns the slower pace
