@@ -11,7 +11,10 @@ anyway is never a probe and restarts the count):
     observes every request of the batch, so a larger batch needs fewer), and never more often than keeps the
     probes' measured extra time (probe_price.py, through the cost model) within ``probe_budget`` of the time of
     the steps between them at the current width: the bound on what probing costs a workload whose drafts are
-    never accepted. Until a probe has been measured, the count alone.
+    never accepted. Until a probe has been measured, the count alone. The interval doubles after each far probe
+    that found the acceptance evidence (below) no higher than the probe before it did, up to FAR_BACKOFF_MAX
+    doublings, and is back to one on a rise of more than PROBE_SURPRISE or a switch that is news: a workload whose
+    probes keep finding nothing pays a fraction of the budget, one whose acceptance moves pays it whole.
   * near: while a wider width's predicted goodput is at least ``probe_near_ratio`` of the current width's, a
     wider width's expected tokens exceed the current width's by more than ``hysteresis`` (drafts never accepted:
     the far interval only) and a wider width would beat the current one by more than ``hysteresis`` if its drafts
@@ -49,6 +52,11 @@ PROBE_SURPRISE = 0.05
 # temperature 1 on a busy CPU) every near probe -- a draft of the whole batch's full block and its deferred draft
 # KV, several steps' time -- found what the last one had (docs/BENCHMARKS.md, explorations and probes).
 NEAR_GROWTH = 2.0
+# Doublings of the far interval after far probes that found nothing new (at most 2**FAR_BACKOFF_MAX times the
+# budget's spacing). Why: where the drafter cannot guess (prose at temperature 1) every far probe found what the
+# last one had, and the probes' share of decode time (their own price and the colder steps after them) was most of
+# what speculation-off still cost over plain decoding (docs/BENCHMARKS.md, plain runs).
+FAR_BACKOFF_MAX = 2
 
 
 class ProbeSchedule:
@@ -60,25 +68,30 @@ class ProbeSchedule:
         self.enabled = cfg.mode == "adaptive" and cfg.probe_interval > 0 and max_block > 1
         self._since_draft = 0
         self._backoff = 0  # near probes so far that left the acceptance evidence no higher (doubling)
+        self._far_backoff = 0  # far probes in a row that found the evidence no higher than the probe before
         self._excursion_from: int | None = None  # the width an exploration left, while it is away from it
         self._evidence = float("inf")  # the acceptance evidence at the last probe
         self._last_interval = math.inf  # the interval the last non-full-draft decision was held to
 
     def far_interval(self, bs: int, k: int | None = None) -> int:
-        """Steps between far probes at batch size ``bs`` and candidate ``k`` (the current width's price)."""
+        """Steps between far probes at batch size ``bs`` and candidate ``k`` (the current width's price), doubled
+        for each far probe in a row that found nothing new (module contract)."""
         steps = self.cfg.probe_interval * min(PROBE_STRETCH_MAX, max(1, bs // PROBE_ROWS))
         extra = self.cost.probe_seconds(bs) if self.cost is not None and k is not None else None
         if extra:
             step = float(self.cost.row(bs)[k])
             steps = max(steps, math.ceil(extra / (self.cfg.probe_budget * step)))
-        return steps
+        return steps << min(self._far_backoff, FAR_BACKOFF_MAX)
 
     def _interval(self, good: np.ndarray, tokens: np.ndarray, k: int, bs: int) -> tuple[int, float]:
         """(steps between probes at candidate ``k``, the acceptance evidence)."""
         cfg = self.cfg
+        evidence = float(tokens[k + 1:].max()) / float(tokens[k]) if k + 1 < len(tokens) and tokens[k] > 0 else 0.0
+        rose = evidence > self._evidence * (1.0 + PROBE_SURPRISE)  # acceptance moved toward drafting since the last
+        if rose:  # probe: look again at the budget's pace
+            self._far_backoff = 0
         far = self.far_interval(bs, k)
-        if cfg.probe_near_interval > 0 and k + 1 < len(good) and good[k] > 0:
-            evidence = float(tokens[k + 1:].max()) / float(tokens[k])
+        if cfg.probe_near_interval > 0 and evidence > 0.0 and good[k] > 0:
             # near only where drafting could win: a wider width's goodput close, its tokens past hysteresis (with
             # drafts never accepted every wider width is near in goodput by its price alone), and a plausible rise
             # of its acceptance enough to pay for its step
@@ -87,18 +100,23 @@ class ProbeSchedule:
             if (float(wider_good.max()) >= cfg.probe_near_ratio * float(good[k])
                     and evidence > 1.0 + cfg.hysteresis
                     and float(grown.max()) > float(good[k]) * (1.0 + cfg.hysteresis)):
-                if evidence > self._evidence * (1.0 + PROBE_SURPRISE):
-                    self._backoff = 0  # acceptance moved toward drafting since the last probe: look again
+                if rose:
+                    self._backoff = 0
                 return min(far, cfg.probe_near_interval << self._backoff), evidence
-            return far, evidence
-        return far, 0.0
+        return far, evidence
+
+    def _note_far(self, evidence: float) -> None:
+        """A far probe runs now: the one before it found nothing new if the evidence did not rise since (module
+        contract; the first after a switch has no probe before it to judge)."""
+        if math.isfinite(self._evidence) and not evidence > self._evidence * (1.0 + PROBE_SURPRISE):
+            self._far_backoff += 1
 
     def _note(self, choice: Choice, dwell: int) -> None:
         """Restart the near doubling on a switch that is news about acceptance."""
         k, cur = choice.k, choice.previous
         if choice.switched or cur is None:
             if not (choice.explored or (k == self._excursion_from and self._excursion_from is not None)):
-                self._backoff, self._evidence = 0, float("inf")
+                self._backoff, self._far_backoff, self._evidence = 0, 0, float("inf")
             self._excursion_from = cur if choice.explored else None
         elif dwell > self.cfg.min_dwell_steps:
             self._excursion_from = None  # kept past its dwell: the tried width was adopted, leaving it is a switch
@@ -117,9 +135,11 @@ class ProbeSchedule:
             probe = self._since_draft + 1 >= interval
             self._last_interval = interval
             if probe:
-                self._evidence = evidence
                 if interval < self.far_interval(bs, choice.k):  # a near probe below the cap: the next one waits longer
                     self._backoff += 1
+                elif interval > 1:  # a far probe (not a saturated width's look past it)
+                    self._note_far(evidence)
+                self._evidence = evidence
         self._since_draft = 0 if (draft_full or probe) else self._since_draft + 1
         return probe
 

@@ -230,15 +230,16 @@ def test_probes_are_counted_apart_from_width1_steps():
     cost = lp.controller.cost_model
     cost.load({"version": 1, "batch_buckets": list(cost.batch_buckets), "block_sizes": list(cost.block_sizes),
                "seconds": [[0.001] + [1.0] * (len(cost.block_sizes) - 1)] * len(cost.batch_buckets)})
-    drafted = [launch(lp, ["a"], 10.0 + i, [[7]], drafted=np.full((1, B - 1), 9) if i % 4 == 3 else None).draft_full
-               for i in range(12)]
-    for _ in range(12):  # results arrive in launch order, one per step
+    probes = (3, 7, 15)  # every 4 steps, then twice as far: nothing new found (probes.py)
+    drafted = [launch(lp, ["a"], 10.0 + i, [[7]], drafted=np.full((1, B - 1), 9) if i in probes else None).draft_full
+               for i in range(16)]
+    for _ in range(16):  # results arrive in launch order, one per step
         lp.complete([0], 1)
-    assert drafted == [False, False, False, True] * 3
+    assert [i for i, d in enumerate(drafted) if d] == list(probes)
     written(lp)
     labels = {"model_name": "m"}
     assert reg.get_sample_value("dflash_probe_steps_total", labels | {"block_size": "1"}) == 3
-    assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 12
+    assert reg.get_sample_value("dflash_block_size_steps_total", labels | {"block_size": "1"}) == 16
 
 
 def test_tree_steps_count_the_tokens_committed_past_the_greedy_chain_and_teach_every_narrower_tree(monkeypatch):

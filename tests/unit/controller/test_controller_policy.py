@@ -137,11 +137,15 @@ def test_min_dwell_blocks_flapping() -> None:
 
 
 def test_probe_schedule_at_b1() -> None:
+    """Far probes every probe_interval steps; each that finds nothing new (the evidence no higher than at the probe
+    before it) doubles the interval, up to 2**FAR_BACKOFF_MAX times: speculation off pays a fraction of the budget
+    where probing keeps finding nothing."""
     cfg = ControllerConfig(mode="adaptive", probe_interval=4, explore_margin=0.0)
     ctrl = BlockSizeController(cfg, flat_cost({1: 0.001, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}))
-    flags = [ctrl.decide(["a"]).draft_full for _ in range(12)]
+    flags = [ctrl.decide(["a"]).draft_full for _ in range(48)]
     assert all(ctrl.decide(["a"]).block_size == 1 for _ in range(2))
-    assert flags == [False, False, False, True] * 3
+    assert [i for i, f in enumerate(flags, 1) if f] == [4, 8, 16, 32, 48]
+    assert probes_module.FAR_BACKOFF_MAX == 2
     off = BlockSizeController(ControllerConfig(probe_interval=0), flat_cost({1: 0.001, 2: 1, 4: 1, 8: 1, 16: 1}))
     assert not any(off.decide(["a"]).draft_full for _ in range(100))
     wide = BlockSizeController(ControllerConfig(), flat_cost())
@@ -163,11 +167,12 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     cfg = ControllerConfig(mode="adaptive", explore_margin=0.0, probe_interval=32, probe_near_interval=4,
                            global_prior_strength=50.0)  # one observation moves the global estimate a little
     ctrl = BlockSizeController(cfg, flat_cost(wide(0.025)))
-    assert _probe_gaps(ctrl, 124) == [4, 8, 16, 32, 32, 32]
+    # at the far interval the far doubling applies too: near probes fill in at half of it
+    assert _probe_gaps(ctrl, 220) == [4, 8, 16, 32, 32, 64, 64]
     table = flat_cost(wide(0.0222))
     ctrl.cost_model.load({"version": 1, "batch_buckets": list(BUCKETS), "block_sizes": list(BLOCKS),
                           "seconds": table.table.tolist()})
-    assert _probe_gaps(ctrl, 64) == [32, 32]  # nearer by cost alone: no restart
+    assert _probe_gaps(ctrl, 256) == [128, 128]  # nearer by cost alone: no restart
     ctrl = BlockSizeController(cfg, flat_cost(wide(0.025)))
     assert _probe_gaps(ctrl, 60) == [4, 8, 16, 32]
     before = ctrl.expected_tokens(["a"])[0, -1]
@@ -175,7 +180,22 @@ def test_near_probes_double_while_the_evidence_stays_put_and_restart_when_it_mov
     assert ctrl.expected_tokens(["a"])[0, -1] > 1.1 * before
     assert _probe_gaps(ctrl, 12) == [4, 8]  # acceptance moved toward drafting: look again soon
     far = BlockSizeController(cfg, flat_cost(wide(0.05)))  # ratio 0.4: no near probes
-    assert _probe_gaps(far, 96) == [32, 32, 32]
+    assert _probe_gaps(far, 384) == [32, 32, 64, 128, 128]
+
+
+def test_far_probes_that_find_nothing_back_off_and_a_rise_of_acceptance_brings_them_back() -> None:
+    """Far probes that keep finding the acceptance evidence where it was come twice, then four times as far apart
+    (the most, FAR_BACKOFF_MAX); a block accepted whole (evidence up more than PROBE_SURPRISE) brings the next one
+    back to probe_interval, and a switch that is news does too."""
+    cfg = ControllerConfig(mode="adaptive", explore_margin=0.0, probe_interval=32, probe_near_interval=4,
+                           global_prior_strength=50.0)
+    ctrl = BlockSizeController(cfg, flat_cost({1: 0.010, 2: 0.05, 4: 0.05, 8: 0.05, 16: 0.05}))  # far only
+    assert _probe_gaps(ctrl, 384) == [32, 32, 64, 128, 128]
+    before = ctrl.expected_tokens(["a"])[0, -1]
+    feed(ctrl, ["a"], np.array([J]), 16)  # a block whose every drafted token matched
+    assert ctrl.expected_tokens(["a"])[0, -1] > 1.05 * before
+    assert _probe_gaps(ctrl, 64) == [32, 32]  # back at the budget's pace; the next that finds nothing doubles again
+    assert _probe_gaps(ctrl, 64) == [64]
 
 
 # drafts never accepted leave width 2's expected tokens 0.4 % above width 1's (the prior): a hysteresis below that
@@ -273,10 +293,11 @@ def test_far_probes_stretch_with_the_batch_and_near_probes_do_not() -> None:
         return np.diff([0] + [i for i, d in enumerate(decisions, 1) if d.draft_full]).tolist()
 
     batch = lambda n: [f"r{i}" for i in range(n)]  # noqa: E731
-    assert gaps(batch(15), 96, far) == [32, 32, 32]
-    assert gaps(batch(16), 192, far) == [64, 64, 64]
-    assert gaps(batch(24), 288, far) == [96, 96, 96]
-    assert gaps(batch(64), 384, far) == [128, 128, 128]
+    # (after the second, each probe that found nothing doubles the interval: FAR_BACKOFF_MAX)
+    assert gaps(batch(15), 128, far) == [32, 32, 64]
+    assert gaps(batch(16), 256, far) == [64, 64, 128]
+    assert gaps(batch(24), 384, far) == [96, 96, 192]
+    assert gaps(batch(64), 512, far) == [128, 128, 256]
     near = {1: 0.010, 2: 0.025, 4: 0.025, 8: 0.025, 16: 0.025}  # E(16) ~ 2 at 2.5x the cost: 0.8 of width 1
     assert gaps(batch(64), 124, near)[:4] == [4, 8, 16, 32]  # doubling from 4, as at one request
 
@@ -549,9 +570,9 @@ def test_prefix_drafts_draft_the_verified_positions_and_probe_the_full_block() -
     cfg = ControllerConfig(mode="adaptive", probe_interval=4, explore_margin=0.0, hysteresis=0.9)
     eight = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 100.0}  # width 8 is the only sensible choice
     ctrl = BlockSizeController(cfg, flat_cost(eight), prefix_drafts=True)
-    decisions = [ctrl.decide(["a"]) for _ in range(12)]
+    decisions = [ctrl.decide(["a"]) for _ in range(16)]
     assert {d.block_size for d in decisions} == {8}
-    assert [d.draft_full for d in decisions] == [False, False, False, True] * 3
+    assert [i for i, d in enumerate(decisions, 1) if d.draft_full] == [4, 8, 16]
     assert [d.probe for d in decisions] == [d.draft_full for d in decisions]
     assert all(d.draft_full and not d.probe for d in (
         BlockSizeController(cfg, flat_cost({16: 0.001}), prefix_drafts=True).decide(["a"]) for _ in range(5)))
@@ -635,8 +656,8 @@ def test_drafts_never_accepted_probe_at_the_far_interval_only() -> None:
     """A wider width near in goodput only by its price (its tokens within hysteresis of width 1's) is no reason
     to look again soon: prose at temperature 1 probed every few steps at 32 requests. Drafts that are accepted
     a little (not enough to switch) keep the near probes."""
-    assert _width1_probes(every=0) == [31, 63, 95]
-    assert len(_width1_probes(every=5)) > 3
+    assert _width1_probes(every=0, steps=256) == [31, 63, 127, 255]  # nothing new found: twice as far each time
+    assert _width1_probes(every=5)[:3] == [3, 11, 27]  # near probes from 4 steps
 
 
 def test_far_probes_take_at_most_the_probe_budget_of_decode_time_once_their_price_is_measured() -> None:
@@ -669,7 +690,7 @@ def test_far_probes_take_at_most_the_probe_budget_of_decode_time_once_their_pric
     gaps = np.diff(costly)
     assert len(costly) >= 2 and (gaps >= 300).all()
     assert 3.0 * 0.010 * (len(costly) - 1) <= 0.01 * 0.010 * (costly[-1] - costly[0]) * 1.05  # the budget holds
-    assert np.diff(spacing(0.2)).tolist()[:3] == [32, 32, 32]  # 0.2 steps' worth within 1 % at the count's spacing
+    assert spacing(0.2)[:2] == [31, 63]  # 0.2 steps' worth within 1 % at the count's spacing
 
 
 def tree_controller(extra_cost: float = 0.1) -> BlockSizeController:
