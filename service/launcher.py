@@ -127,7 +127,7 @@ def key_env(config: ServeConfig) -> dict[str, str]:
 def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
     """This node's config in SGLang's multi-node tensor parallelism (`sglang_args.nnodes` nodes, one config):
     only the rank differs between nodes, so it comes from the command line (`serve --node-rank`)."""
-    nnodes = int(config.sglang_args.get("nnodes", 1))
+    nnodes = sglang_args.number(config.sglang_args, "nnodes", 1)
     if nnodes < 2:
         raise ConfigError("--node-rank: needs sglang_args.nnodes >= 2 (and dist_init_addr) in the config")
     if not 0 <= rank < nnodes:
