@@ -82,6 +82,10 @@ def check(config: ServeConfig) -> PreflightReport:
     n_layers = _get_int(target, "num_hidden_layers", "model.path", config.model.path)
     hidden = _get_int(target, "hidden_size", "model.path", config.model.path)
     vocab = _get_int(target, "vocab_size", "model.path", config.model.path)
+    for key in ("tokenizer_worker_num", "tokenizer-worker-num"):
+        why = refusals.tokenizer_workers_refusal(config.sglang_args.get(key))
+        if why is not None:
+            raise ConfigError(f"sglang_args.{key}: {why}")
     spec = config.speculative
     arch = _architecture(config.model.path)
     why = refusals.target_refusal(arch, spec.algorithm)
