@@ -197,6 +197,84 @@ def test_guard_is_off_without_the_launcher_variable():
         HttpSettings.from_env({env.HTTP: '{"max_request_bytes": -1}'})
 
 
+@pytest.mark.parametrize("path", sorted(http_guard.SCHEDULER_STOPPING))
+@pytest.mark.parametrize("opened", [False, True])
+def test_routes_that_stop_the_scheduler_are_closed_unless_the_operator_opens_them(path, opened):
+    """SGLang's expert-distribution routes raise in the scheduler of a server that does not record expert
+    distributions: 403 for every key that gets past authentication, unless server.scheduler_stopping_routes."""
+    app = echo_app()
+    settings = HttpSettings(max_request_bytes=1000, scheduler_stopping_routes=opened)
+    status, _, body = run_asgi(http_guard.HttpGuard(app, settings, lambda: FakeTM()), path=path, body=b"{}",
+                               headers={"content-type": "application/json"})
+    if opened:
+        assert status == 200 and app.seen["body"] == b"{}"
+    else:
+        assert status == 403 and "scheduler_stopping_routes" in shape(body)["message"] and not app.seen
+    refused = http_guard.HttpGuard(app, settings, lambda: FakeTM(), lambda scope: (401, "no key"))
+    assert run_asgi(refused, path=path, body=b"{}")[0] == 401  # authentication still comes first
+    env_json = HttpSettings(1000, scheduler_stopping_routes=opened).to_json()
+    assert HttpSettings.from_env({env.HTTP: env_json}).scheduler_stopping_routes is opened
+
+
+@pytest.mark.parametrize("body", [b"", b"[1]", b"null", b"not json"])
+def test_routes_that_parse_their_own_body_get_a_json_object_or_a_400(body):
+    """/add_external_corpus and /remove_external_corpus call `await request.json()` and `.get`/`**` on it: 500."""
+    for path in sorted(http_guard.RAW_JSON_ROUTES):
+        app = echo_app()
+        status, _, out = run_asgi(guard(app, FakeTM()), path=path, body=body)
+        assert status == 400 and "JSON object" in shape(out)["message"] and not app.seen, (path, body)
+    assert run_asgi(guard(echo_app(), FakeTM()), path="/add_external_corpus", body=b"{}")[0] == 200
+
+
+def test_a_refused_profile_request_is_a_400_not_a_500():
+    """The scheduler's refusal (profiling already running, or none to stop) was re-raised as RuntimeError."""
+    from fastapi import HTTPException
+
+    class Mixin:
+        async def _execute_profile(self, req):
+            raise RuntimeError("Profiling is not in progress")
+
+    http_guard._patch_profile(types.SimpleNamespace(TokenizerControlMixin=Mixin))
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(Mixin()._execute_profile(None))
+    assert refused.value.status_code == 400 and "not in progress" in refused.value.detail
+
+
+def run_websocket(app, extensions=True):
+    """A websocket handshake as uvicorn hands it to the app: the messages the app sent back."""
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": [],
+             "extensions": {"websocket.http.response": {}} if extensions else {}}
+    incoming = [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_websocket_handshake_needs_the_key_like_an_http_request():
+    """SGLang's key middleware passes non-HTTP scopes, so /v1/realtime accepted a handshake without any key."""
+    async def accepting(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+
+    def refusing(scope):
+        return (401, http_guard.UNAUTHENTICATED) if scope["type"] == "websocket" else None
+
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, refusing))
+    assert [m["type"] for m in sent] == ["websocket.http.response.start", "websocket.http.response.body"]
+    assert sent[0]["status"] == 401 and shape(sent[1]["body"])["type"] == "authentication_error"
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, refusing), extensions=False)
+    assert sent == [{"type": "websocket.close", "code": 1008}]  # uvicorn answers the handshake 403
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, lambda scope: None))
+    assert sent == [{"type": "websocket.accept"}]
+
+
 # ---------------------------------------------------------------------------------------------- SGLang patches
 
 
