@@ -44,7 +44,13 @@ in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests
    themselves), ``/start_profile`` while a profile runs and ``/stop_profile`` while none does (the scheduler's
    refusal re-raised as RuntimeError in ``TokenizerControlMixin._execute_profile``). Now 400. Retired when those
    handlers answer 400 themselves.
-10. **Websockets.** SGLang's API-key middleware passes every scope that is not ``http``, so a websocket handshake
+10. **Handlers that raise on a client's malformed input** (found by the property-based run on every route): 500
+   and a traceback in the log from ``/parse_function_call`` (``{"text": ""}``), ``/separate_reasoning``
+   (``"reasoning_parser": ""``), SGLang's Ollama routes (``/api/chat`` without messages; a streaming request
+   refused by the tokenizer manager broke its 200 stream) and ``/vertex_generate``, ``/v1/loads``. On those routes
+   (CLIENT_INPUT_ROUTES) a 500 is held until the handler is done: if the handler raised, the client gets a 400 naming
+   the exception type and the log one line. Retired when upstream's handlers validate their input.
+11. **Websockets.** SGLang's API-key middleware passes every scope that is not ``http``, so a websocket handshake
    on ``/v1/realtime`` (``openai_v1_realtime_transcription``) was accepted (101) without any key. A handshake is
    now authorised like an HTTP request to its route and refused (401) before it is accepted. Retired by upstream's
    middleware checking ``websocket`` scopes too.
@@ -89,6 +95,10 @@ SCHEDULER_STOPPING_CLOSED = ("this route can stop the scheduler and is closed to
 # Handlers that parse the body themselves (`await request.json()`, then `.get` or `**`): no body, or one that is
 # not a JSON object, raised in the handler (500).
 RAW_JSON_ROUTES = frozenset({"/add_external_corpus", "/remove_external_corpus"})
+# Handlers that raise on malformed input (found by the property-based run on every route; 500 and a traceback):
+# SGLang's text utilities and its Ollama / Vertex adapters (Ollama's streams: _patch_ollama_streams).
+CLIENT_INPUT_ROUTES = frozenset({"/parse_function_call", "/separate_reasoning", "/api/chat", "/api/generate",
+                                 "/vertex_generate", "/v1/loads"})
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 _MAX_ERROR_BODY = 256 * 1024
 DRAIN_CAP = 32 * 1024 * 1024  # most of a refused body read (and dropped) so the client sees the 413
@@ -250,7 +260,36 @@ class HttpGuard:
                 if refusal is not None:
                     return await _respond(send, *refusal)
                 receive = _replay(body, receive)
-        await self.app(scope, receive, self._normalising_send(send))
+        if path.rstrip("/") not in CLIENT_INPUT_ROUTES:
+            return await self.app(scope, receive, self._normalising_send(send))
+        await self._client_input_route(scope, receive, send, method, path)
+
+    async def _client_input_route(self, scope, receive, send, method: str, path: str) -> None:
+        """A route whose handler raises on malformed input (CLIENT_INPUT_ROUTES): its 5xx is held until the handler
+        is done; if the handler raised (ServerErrorMiddleware answers 500, then re-raises), the client gets a 400
+        and the log one line instead of the 500 and a traceback."""
+        held: list[dict] = []
+        started = False
+
+        async def holding(message):
+            nonlocal started
+            if held or (message["type"] == "http.response.start" and message["status"] >= 500):
+                held.append(message)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, self._normalising_send(holding))
+        except Exception as exc:  # noqa: BLE001 -- what the handler raised on the client's input
+            if started:
+                raise
+            logger.warning("dflash-serve: %s %s: the handler raised %s on the request's input; answered 400",
+                           method, path, type(exc).__name__)
+            return await _respond(send, 400, error_body(
+                400, f"{path} could not process this request ({type(exc).__name__}); check its fields"))
+        for message in held:
+            await send(message)
 
     async def _websocket(self, scope, receive, send) -> None:
         """A websocket handshake (SGLang's /v1/realtime) is authorised as an HTTP request to its route: SGLang's
@@ -475,10 +514,39 @@ def _patch_profile(mixin: ModuleType) -> None:
     wrap(mixin.TokenizerControlMixin, "_execute_profile", make)
 
 
+def _patch_ollama_streams(ollama: ModuleType) -> None:
+    """Ollama's streaming /api/chat and /api/generate start their 200 before the request is validated, so a request
+    the tokenizer manager refuses (a ValueError: too long for the context, ...) broke the stream with a traceback.
+    The first chunk is now produced before the response starts: a refusal raises in the handler, where the
+    CLIENT_INPUT_ROUTES boundary answers it 400."""
+    def make(original):
+        async def stream_response(self, *args, **kwargs):
+            response = await original(self, *args, **kwargs)
+            chunks = response.body_iterator
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                return response
+
+            async def from_the_first():
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+
+            response.body_iterator = from_the_first()
+            return response
+
+        return stream_response
+
+    for name in ("_stream_chat_response", "_stream_generate_response"):
+        wrap(ollama.OllamaServing, name, make)
+
+
 def install(environ: Mapping[str, str] = os.environ) -> bool:
     settings = HttpSettings.from_env(environ)
     if settings is None:
         return False
     when_imported("sglang.srt.entrypoints.http_server", lambda hs: _patch(hs, settings))
     when_imported("sglang.srt.managers.tokenizer_control_mixin", _patch_profile)
+    when_imported("sglang.srt.entrypoints.ollama.serving", _patch_ollama_streams)
     return True
