@@ -336,17 +336,30 @@ def test_every_route_but_probes_and_metrics_needs_the_key(server):
 
 
 def _websocket_handshake(server, headers: dict[str, str]) -> bytes:
-    """The status line (and headers) a websocket handshake on /v1/realtime gets back."""
+    """What a websocket handshake on /v1/realtime gets back: the status line, headers and any body."""
     import base64
     import socket
 
     host, port = server.url.removeprefix("http://").split(":")
-    lines = [f"GET /v1/realtime HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
+    lines = ["GET /v1/realtime HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
              f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}", "Sec-WebSocket-Version: 13",
              *(f"{k}: {v}" for k, v in headers.items())]
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        return sock.recv(4096)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
+            chunk = sock.recv(4096)  # the headers and the body may come in separate reads
+            if not chunk:
+                break
+            answer += chunk
+            if answer.startswith(b"HTTP/1.1 101"):
+                break
+        return answer
+
+
+def _content_length(answer: bytes) -> int:
+    match = re.search(rb"(?im)^content-length:\s*(\d+)", answer.partition(b"\r\n\r\n")[0])
+    return int(match.group(1)) if match else 0
 
 
 def test_the_realtime_websocket_needs_the_key(server):
