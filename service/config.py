@@ -109,6 +109,17 @@ class ServerConfig(_Strict):
     max_request_bytes: int | None = Field(
         DEFAULT_MAX_REQUEST_BYTES, gt=0, description="Largest request body accepted (413 above it); null: no limit. "
                                            "Bounds the CPU a single request can spend in tokenization.")
+    scheduler_stopping_routes: bool = Field(
+        False, description="Open SGLang's admin routes that can stop the scheduler with one call to the admin "
+                           "key: the expert-distribution recorder (/start_expert_distribution_record, its stop and "
+                           "dump), which raises in the scheduler, and so ends the server, unless the server records "
+                           "expert distributions (sglang_args.expert_distribution_recorder_mode); and the routes that "
+                           "make the scheduler join or use a torch.distributed group with a peer the request names "
+                           "(/init_weights_update_group, /update_weights_from_distributed, "
+                           "/init_weights_send_group_for_remote_instance, /send_weights_to_remote_instance), where it "
+                           "waits for the peer or raises; and /release_memory_occupation and "
+                           "/resume_memory_occupation, which raise in the scheduler when the server is busy or the "
+                           "memory was not released. Off: they answer 403 to every key.")
     shutdown_grace_seconds: float = Field(
         50, gt=0, description="After SIGTERM/SIGINT, how long in-flight requests may take to finish (new ones "
                               "get 503) before the launcher kills the server. Keep it below the orchestrator's "

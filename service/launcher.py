@@ -61,7 +61,8 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
         env.pop(env_names.CPU, None)
     env.pop(env_names.ADAPTIVE, None)
     env.pop(env_names.SGLANG_ARGS, None)  # only this config's, set by plan()
-    env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes).to_json()
+    env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes,
+                                       scheduler_stopping_routes=config.server.scheduler_stopping_routes).to_json()
     env.pop(env_names.CAPTURE, None)
     if config.learning.enabled:
         env[env_names.CAPTURE] = capture_settings(config).to_json()
@@ -127,7 +128,7 @@ def key_env(config: ServeConfig) -> dict[str, str]:
 def with_node_rank(config: ServeConfig, rank: int) -> ServeConfig:
     """This node's config in SGLang's multi-node tensor parallelism (`sglang_args.nnodes` nodes, one config):
     only the rank differs between nodes, so it comes from the command line (`serve --node-rank`)."""
-    nnodes = int(config.sglang_args.get("nnodes", 1))
+    nnodes = sglang_args.number(config.sglang_args, "nnodes", 1)
     if nnodes < 2:
         raise ConfigError("--node-rank: needs sglang_args.nnodes >= 2 (and dist_init_addr) in the config")
     if not 0 <= rank < nnodes:

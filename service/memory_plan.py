@@ -276,15 +276,18 @@ def plan(target_dir: Path, target_raw: dict, drafter_dir: Path | None, drafter_r
     element = DTYPE_BYTES.get(dtype, 2)
     kv_dtype = str(sglang_args.get("kv_cache_dtype") or "auto")
     kv_element = 1 if kv_dtype.startswith("fp8") else 0.5 if kv_dtype.startswith("fp4") else element
-    tp = int(sglang_args.get("tp_size") or 1)
-    max_bs = int(sglang_args.get("cuda_graph_max_bs_decode") or sglang_max_bs(gpu_bytes, tp))
+    from service.sglang_args import number  # (imports pydantic: only where a plan is made)
+
+    tp = number(sglang_args, "tp_size", 1, minimum=1)
+    max_bs = number(sglang_args, "cuda_graph_max_bs_decode", sglang_max_bs(gpu_bytes, tp), minimum=1)
     if max_running_requests is not None and "cuda_graph_max_bs_decode" not in sglang_args:
         max_bs = min(max_bs, max_running_requests)  # as SGLang caps its default
     if sglang_args.get("mem_fraction_static") is not None:
-        fraction, fraction_source = float(sglang_args["mem_fraction_static"]), "sglang_args.mem_fraction_static"
+        fraction = number(sglang_args, "mem_fraction_static", 0, kind=float)
+        fraction_source = "sglang_args.mem_fraction_static"
     else:
         fraction = sglang_mem_fraction(gpu_bytes, post_capture=post_capture, tp_size=tp, max_bs=max_bs,
-                                       chunked_prefill=int(sglang_args.get("chunked_prefill_size") or 8192))
+                                       chunked_prefill=number(sglang_args, "chunked_prefill_size", 8192))
         fraction_source = "SGLang's default for this GPU"
     target_weights, target_source = weights(target_dir, t, element)
     drafter_weights, drafter_source = (0, "") if d is None or drafter_dir is None else weights(drafter_dir, d, element)

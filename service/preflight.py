@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.config import ConfigError, Device, ServeConfig
-from service.sglang_args import CPU_DEFAULTS
+from service.sglang_args import CPU_DEFAULTS, number
 from sglang_ext import refusals, support
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -82,6 +82,10 @@ def check(config: ServeConfig) -> PreflightReport:
     n_layers = _get_int(target, "num_hidden_layers", "model.path", config.model.path)
     hidden = _get_int(target, "hidden_size", "model.path", config.model.path)
     vocab = _get_int(target, "vocab_size", "model.path", config.model.path)
+    for key in ("tokenizer_worker_num", "tokenizer-worker-num"):
+        why = refusals.tokenizer_workers_refusal(config.sglang_args.get(key))
+        if why is not None:
+            raise ConfigError(f"sglang_args.{key}: {why}")
     spec = config.speculative
     arch = _architecture(config.model.path)
     why = refusals.target_refusal(arch, spec.algorithm)
@@ -169,8 +173,9 @@ def _check_adaptive(spec, draft_block: int, device: str, sglang_args: dict, hybr
         raise ConfigError(f"speculative.adaptive.{e}") from None
     trees = settings.controller.tree_widths(draft_block)
     why = refusals.deployment_trees_refusal(
-        trees, draft_block, device=device, tp_size=int(sglang_args.get("tp_size") or 1),
-        page_size=int(sglang_args.get("page_size") or 1), attention_backend=sglang_args.get("attention_backend"),
+        trees, draft_block, device=device, tp_size=number(sglang_args, "tp_size", 1, minimum=1),
+        page_size=number(sglang_args, "page_size", 1, minimum=1),
+        attention_backend=sglang_args.get("attention_backend"),
         hybrid=hybrid, selector=selector) if trees else None
     if why is not None:
         raise ConfigError(why)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 from typing import Any
 
 from service.config import ConfigError, Device, ServeConfig
@@ -86,6 +87,29 @@ def build_args(config: ServeConfig, block_size: int | None = None) -> dict[str, 
     if s.device is Device.cpu:
         args |= {k: v for k, v in CPU_DEFAULTS.items() if k not in config.sglang_args}
     return args | config.sglang_args
+
+
+def number(items: dict[str, Any], key: str, default: float, *, kind: type = int, minimum: float | None = None):
+    """`sglang_args.<key>` as the preflight and the memory plan read it (unset, null or 0: `default`), refused with
+    a ConfigError naming the field when it is not a number (SGLang's parser is not asked before they read it)."""
+    raw = items.get(key) or default
+    what = "an integer" if kind is int else "a number"
+    try:
+        if isinstance(raw, bool) or (kind is int and isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
+        value = kind(raw)
+        if kind is float and not math.isfinite(value):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"sglang_args.{key}: expected {what}, got {_short(raw)}") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"sglang_args.{key}: must be >= {minimum}, got {_short(raw)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def validate_passthrough(items: dict[str, Any], parser: argparse.ArgumentParser | None = None) -> None:

@@ -163,6 +163,21 @@ def block_size_refusal(block: int, draft_block: int) -> str | None:
             f"2..{draft_block}")
 
 
+def tokenizer_workers_refusal(workers: Any) -> str | None:
+    """Why more than one tokenizer worker is refused: SGLang 0.5.23 adds its API-key middleware only in
+    single-tokenizer mode (http_server.py ``_setup_and_run_http_server``); its workers load the app in processes of
+    their own, where dflash-serve's HTTP guard (sglang_ext/patches/http_guard.py) was never tested. Retired when
+    SGLang keys every tokenizer worker and a multi-worker server passes tests/integration/test_admin_key.py."""
+    try:
+        n = int(workers if workers is not None else 1)
+    except (TypeError, ValueError):
+        return None  # not a number: SGLang's own parser refuses it (sglang_args)
+    if n <= 1:
+        return None
+    return (f"{n} tokenizer workers are refused: SGLang checks no API key with more than one tokenizer worker, "
+            f"so every route, admin routes included, would be open to anybody who reaches the port; remove it (1)")
+
+
 def watermark_refusal(enabled: bool) -> str | None:
     """Why DFlash does not serve SGLang's watermark: its verify never applies it, so outputs would carry none."""
     if not enabled:

@@ -103,13 +103,16 @@ class HttpSettings:
 
     max_request_bytes: largest request body (413 above it); None = no limit.
     check_model: answer 404 to a `model` the server does not serve.
+    scheduler_stopping_routes: open the admin routes that can stop the scheduler to the admin key (403 otherwise).
     """
 
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES
     check_model: bool = True
+    scheduler_stopping_routes: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model})
+        return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model,
+                           "scheduler_stopping_routes": self.scheduler_stopping_routes})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "HttpSettings | None":
@@ -119,7 +122,7 @@ class HttpSettings:
         limit = d.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"{env.HTTP}: max_request_bytes must be a positive integer or null, got {limit!r}")
-        return cls(limit, bool(d.get("check_model", True)))
+        return cls(limit, bool(d.get("check_model", True)), d.get("scheduler_stopping_routes") is True)
 
 
 CAPTURE_OPT_OUT_KEY = "dflash_capture"

@@ -30,6 +30,30 @@ in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests
 7. **Draining.** After SIGTERM SGLang reports /health 503 but keeps admitting new requests, and its drain waits
    until no request is left -- under steady load it never ends. New requests now get 503 with ``Retry-After``;
    in-flight ones finish (the launcher bounds the wait: ``server.shutdown_grace_seconds``).
+8. **Routes that stop the scheduler** (found by the property-based run on every route, with the admin key):
+   ``/start_expert_distribution_record`` (and its stop and dump) raise in the scheduler unless SGLang records expert
+   distributions, and the server ends; ``/send_weights_to_remote_instance`` ended it too, and
+   ``/init_weights_update_group`` with an address that does not resolve held the scheduler (no request served) for
+   minutes while torch.distributed retried; ``/resume_memory_occupation`` of memory not released raised KeyError
+   in the scheduler (``/release_memory_occupation`` asserts there that the server is idle). Those, and the other
+   two routes that join or use such a group (SCHEDULER_STOPPING), answer 403 to every key unless the operator sets
+   ``server.scheduler_stopping_routes``. Retired when upstream answers these mistakes with an error instead of
+   raising in the scheduler, and the group routes wait for their peer off the scheduler's loop.
+9. **Admin routes answering 500 to an admin's mistake** (found by the property-based run on every route):
+   ``/add_external_corpus`` and ``/remove_external_corpus`` without a JSON object body (their handlers parse it
+   themselves), ``/start_profile`` while a profile runs and ``/stop_profile`` while none does (the scheduler's
+   refusal re-raised as RuntimeError in ``TokenizerControlMixin._execute_profile``). Now 400. Retired when those
+   handlers answer 400 themselves.
+10. **Handlers that raise on a client's malformed input** (found by the property-based run on every route): 500
+   and a traceback in the log from ``/parse_function_call`` (``{"text": ""}``), ``/separate_reasoning``
+   (``"reasoning_parser": ""``), SGLang's Ollama routes (``/api/chat`` without messages; a streaming request
+   refused by the tokenizer manager broke its 200 stream) and ``/vertex_generate``, ``/v1/loads``. On those routes
+   (CLIENT_INPUT_ROUTES) a 500 is held until the handler is done: if the handler raised, the client gets a 400 naming
+   the exception type and the log one line. Retired when upstream's handlers validate their input.
+11. **Websockets.** SGLang's API-key middleware passes every scope that is not ``http``, so a websocket handshake
+   on ``/v1/realtime`` (``openai_v1_realtime_transcription``) was accepted (101) without any key. A handshake is
+   now authorised like an HTTP request to its route and refused (401) before it is accepted. Retired by upstream's
+   middleware checking ``websocket`` scopes too.
 
 The middleware wraps the whole Starlette stack (outside SGLang's API-key middleware and Starlette's
 ServerErrorMiddleware), so it sees every response, 401 and 500 included. It is pure ASGI and hands the original
@@ -55,6 +79,26 @@ FOREIGN_ERROR_SHAPES = ("/v1/messages", "/v1/systemone")
 # Probes keep answering while draining (SGLang's /health says 503 itself).
 PROBES = ("/health", "/ready", "/metrics")
 MODEL_CHECKED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+# Admin routes that stop the scheduler (and so every request) with one call: the expert-distribution recorder's, on a
+# server that does not record expert distributions (eplb/expert_distribution.py's no-op recorder raises in the
+# scheduler's expert_distribution_handle; the server ends); those that make the scheduler join or use a
+# torch.distributed group with a peer the request names (it waits for the peer, minutes for an address that does
+# not resolve, or raises: /send_weights_to_remote_instance ended the server); and the memory release and resume
+# (scheduler_components/weight_updater.py: an `assert` that the server is idle, a KeyError for a tag not released).
+SCHEDULER_STOPPING = frozenset({"/start_expert_distribution_record", "/stop_expert_distribution_record",
+                                "/dump_expert_distribution_record", "/init_weights_update_group",
+                                "/update_weights_from_distributed", "/init_weights_send_group_for_remote_instance",
+                                "/send_weights_to_remote_instance", "/release_memory_occupation",
+                                "/resume_memory_occupation"})
+SCHEDULER_STOPPING_CLOSED = ("this route can stop the scheduler and is closed to every key; the operator opens it "
+                             "to the admin key with server.scheduler_stopping_routes: true")
+# Handlers that parse the body themselves (`await request.json()`, then `.get` or `**`): no body, or one that is
+# not a JSON object, raised in the handler (500).
+RAW_JSON_ROUTES = frozenset({"/add_external_corpus", "/remove_external_corpus"})
+# Handlers that raise on malformed input (found by the property-based run on every route; 500 and a traceback):
+# SGLang's text utilities and its Ollama / Vertex adapters (Ollama's streams: _patch_ollama_streams).
+CLIENT_INPUT_ROUTES = frozenset({"/parse_function_call", "/separate_reasoning", "/api/chat", "/api/generate",
+                                 "/vertex_generate", "/v1/loads"})
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 _MAX_ERROR_BODY = 256 * 1024
 DRAIN_CAP = 32 * 1024 * 1024  # most of a refused body read (and dropped) so the client sees the 413
@@ -180,6 +224,8 @@ class HttpGuard:
         self.authorise = authorise
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            return await self._websocket(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope.get("path", ""), scope.get("method", "GET")
@@ -187,6 +233,8 @@ class HttpGuard:
         if refusal is not None:
             status, message = refusal
             return await _respond(send, status, error_body(status, message))
+        if path.rstrip("/") in SCHEDULER_STOPPING and not self.settings.scheduler_stopping_routes:
+            return await _respond(send, 403, error_body(403, SCHEDULER_STOPPING_CLOSED))
         if path.startswith(FOREIGN_ERROR_SHAPES):
             return await self.app(scope, receive, send)
         tm = self.tokenizer_manager()
@@ -212,7 +260,54 @@ class HttpGuard:
                 if refusal is not None:
                     return await _respond(send, *refusal)
                 receive = _replay(body, receive)
-        await self.app(scope, receive, self._normalising_send(send))
+        if path.rstrip("/") not in CLIENT_INPUT_ROUTES:
+            return await self.app(scope, receive, self._normalising_send(send))
+        await self._client_input_route(scope, receive, send, method, path)
+
+    async def _client_input_route(self, scope, receive, send, method: str, path: str) -> None:
+        """A route whose handler raises on malformed input (CLIENT_INPUT_ROUTES): its 5xx is held until the handler
+        is done; if the handler raised (ServerErrorMiddleware answers 500, then re-raises), the client gets a 400
+        and the log one line instead of the 500 and a traceback."""
+        held: list[dict] = []
+        started = False
+
+        async def holding(message):
+            nonlocal started
+            if held or (message["type"] == "http.response.start" and message["status"] >= 500):
+                held.append(message)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, self._normalising_send(holding))
+        except Exception as exc:  # noqa: BLE001 -- what the handler raised on the client's input
+            if started:
+                raise
+            logger.warning("dflash-serve: %s %s: the handler raised %s on the request's input; answered 400",
+                           method, path, type(exc).__name__)
+            return await _respond(send, 400, error_body(
+                400, f"{path} could not process this request ({type(exc).__name__}); check its fields"))
+        for message in held:
+            await send(message)
+
+    async def _websocket(self, scope, receive, send) -> None:
+        """A websocket handshake (SGLang's /v1/realtime) is authorised as an HTTP request to its route: SGLang's
+        API-key middleware lets every non-HTTP scope through. Refused: the HTTP status and error body, before the
+        connection is accepted (a server without the ASGI denial extension answers 403)."""
+        refusal = self.authorise(scope)
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return None
+        status, text = refusal
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            return await send({"type": "websocket.close", "code": 1008})
+        body = error_body(status, text)
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def _too_large(self, scope, receive, send, limit: int, body_done: bool = False) -> None:
         # Read and drop what the client is still sending (bounded; costs bandwidth, not tokenization): a socket
@@ -247,6 +342,8 @@ class HttpGuard:
 
     def _check_body(self, path: str, body: bytes, tm) -> tuple[int, bytes] | None:
         head = body.lstrip()[:1]
+        if path in RAW_JSON_ROUTES and head != b"{":
+            return 400, error_body(400, "the request body must be a JSON object")
         if head and head != b"{":
             try:
                 json.loads(body)
@@ -400,9 +497,56 @@ def _patch(hs: ModuleType, settings: HttpSettings) -> None:
     wrap(app, "build_middleware_stack", make)
 
 
+def _patch_profile(mixin: ModuleType) -> None:
+    """A profile request the scheduler refuses (profiling already running, or not running when stopped) raised
+    RuntimeError in the handler of /start_profile and /stop_profile: 500. Now a 400 with the scheduler's reason."""
+    def make(original):
+        async def _execute_profile(self, req):
+            try:
+                return await original(self, req)
+            except RuntimeError as e:
+                from fastapi import HTTPException
+
+                raise HTTPException(status_code=400, detail=f"profile request refused: {e}") from None
+
+        return _execute_profile
+
+    wrap(mixin.TokenizerControlMixin, "_execute_profile", make)
+
+
+def _patch_ollama_streams(ollama: ModuleType) -> None:
+    """Ollama's streaming /api/chat and /api/generate start their 200 before the request is validated, so a request
+    the tokenizer manager refuses (a ValueError: too long for the context, ...) broke the stream with a traceback.
+    The first chunk is now produced before the response starts: a refusal raises in the handler, where the
+    CLIENT_INPUT_ROUTES boundary answers it 400."""
+    def make(original):
+        async def stream_response(self, *args, **kwargs):
+            response = await original(self, *args, **kwargs)
+            chunks = response.body_iterator
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                return response
+
+            async def from_the_first():
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+
+            response.body_iterator = from_the_first()
+            return response
+
+        return stream_response
+
+    for name in ("_stream_chat_response", "_stream_generate_response"):
+        wrap(ollama.OllamaServing, name, make)
+
+
 def install(environ: Mapping[str, str] = os.environ) -> bool:
     settings = HttpSettings.from_env(environ)
     if settings is None:
         return False
     when_imported("sglang.srt.entrypoints.http_server", lambda hs: _patch(hs, settings))
+    when_imported("sglang.srt.managers.tokenizer_control_mixin", _patch_profile)
+    when_imported("sglang.srt.entrypoints.ollama.serving", _patch_ollama_streams)
     return True

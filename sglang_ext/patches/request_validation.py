@@ -38,6 +38,11 @@ Found by the property-based run against the OpenAPI document (tests/integration/
    the fix, in `TokenizerManager._create_tokenized_object`, on the parameters SGLang serves: the operator's
    `preferred_sampling_params` merged there (`_validate_one_request` runs before that merge, so an operator's
    seed was served lossy without a word).
+8. **A load format SGLang does not know kills the server.** ``/update_weights_from_disk`` (an admin route) with
+   ``"load_format": "x"``: ``LoadConfig`` raises ValueError in the scheduler (``SchedulerWeightUpdaterManager.
+   update_weights_from_disk``), the scheduler dies (found by the property-based run on every route). Refused there
+   before the load: the handler answers 400 with the known formats. Retired when upstream validates
+   ``load_format`` in the request.
 """
 from __future__ import annotations
 
@@ -179,7 +184,35 @@ def _patch_io_struct(io: ModuleType) -> None:
         wrap(cls, "normalize_batch_and_arguments", lambda original: _shape_errors_are_client_errors(original, shape))
 
 
+def load_format_refusal(load_format: Any) -> str | None:
+    """Why /update_weights_from_disk cannot take `load_format` (None: SGLang's LoadFormat knows it)."""
+    if load_format is None:
+        return None
+    from sglang.srt.configs.load_config import LoadFormat
+
+    known = [f.value for f in LoadFormat]
+    if isinstance(load_format, LoadFormat) or load_format in known:
+        return None
+    return f"load_format: not a load format SGLang knows (one of {', '.join(known)})"
+
+
+def _patch_weight_updater(wu: ModuleType) -> None:
+    def make(original):
+        def update_weights_from_disk(self, recv_req):
+            why = load_format_refusal(getattr(recv_req, "load_format", None))
+            if why is not None:
+                from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+
+                return UpdateWeightFromDiskReqOutput(success=False, message=why, num_paused_requests=0)
+            return original(self, recv_req)
+
+        return update_weights_from_disk
+
+    wrap(wu.SchedulerWeightUpdaterManager, "update_weights_from_disk", make)
+
+
 def install() -> None:
+    when_imported("sglang.srt.managers.scheduler_components.weight_updater", _patch_weight_updater)
     when_imported("sglang.srt.managers.tokenizer_manager", _patch_tokenizer_manager)
     when_imported("sglang.srt.entrypoints.openai.serving_tokenize", _patch_detokenize)
     when_imported("sglang.srt.managers.io_struct", _patch_io_struct)

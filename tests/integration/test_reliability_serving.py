@@ -4,8 +4,9 @@ routes the key protects, and what the log must not contain. One server for the m
 cost on CPU); the tests run in file order and the log check comes last.
 
 Bounded for CI; the long versions are `python -m loadtest.soak` and the environment variables
-DFLASH_RELIABILITY_DISCONNECTS (default 40; a full run is 200) and DFLASH_RELIABILITY_FUZZ_EXAMPLES
-(default 20 per operation and mode).
+DFLASH_RELIABILITY_DISCONNECTS (default 40; a full run is 200), DFLASH_RELIABILITY_FUZZ_EXAMPLES
+(default 20 per operation and mode, the generation endpoints) and DFLASH_RELIABILITY_ROUTE_EXAMPLES (default 2
+per operation, every operation of the OpenAPI document, each sent with no key, the client key and the admin key).
 """
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ pytestmark = pytest.mark.server
 KEY = "reliability-key-3c9e1f0b"
 KEY_ENV = "DFLASH_RELIABILITY_API_KEY"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN_KEY = "reliability-admin-5e0d27aa"
+ADMIN_ENV = "DFLASH_RELIABILITY_ADMIN_KEY"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MODEL = "tiny"
 CONTEXT = 512          # short context: a request without max_tokens reaches it in seconds on CPU
 MARKER = "zq-canary-7d41b9"  # in prompts only: must never appear in the server log
 N_DISCONNECTS = int(os.environ.get("DFLASH_RELIABILITY_DISCONNECTS", "40"))
 FUZZ_EXAMPLES = int(os.environ.get("DFLASH_RELIABILITY_FUZZ_EXAMPLES", "20"))
+ROUTE_EXAMPLES = int(os.environ.get("DFLASH_RELIABILITY_ROUTE_EXAMPLES", "2"))
 OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # documented: no key (docs/SECURITY.md)
 
 
@@ -39,8 +44,9 @@ OPEN_PATHS = ("/health", "/health_generate", "/ready", "/metrics")  # documented
 def server(tiny_pair, tmp_path_factory) -> ManagedServer:
     cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"])
     cfg["model"] |= {"served_name": MODEL, "context_length": CONTEXT}
-    cfg["server"]["api_key_env"] = KEY_ENV
-    with ManagedServer(cfg, tmp_path_factory.mktemp("reliability"), "reliability", env={KEY_ENV: KEY}) as s:
+    cfg["server"] |= {"api_key_env": KEY_ENV, "admin_api_key_env": ADMIN_ENV}
+    with ManagedServer(cfg, tmp_path_factory.mktemp("reliability"), "reliability",
+                       env={KEY_ENV: KEY, ADMIN_ENV: ADMIN_KEY}) as s:
         yield s
 
 
@@ -221,6 +227,77 @@ def _bound_generation(body: dict, path: str) -> None:
         body["sampling_params"] = {"max_new_tokens": 8}
 
 
+# Admin calls that change the server's state for every later request, and the call that puts it back.
+_RESTORE = {
+    "/pause_generation": ("POST", "/continue_generation", {}),
+    "/slow_down": ("POST", "/slow_down", {"forward_sleep_time": None}),
+    "/start_profile": ("POST", "/stop_profile", None),
+    "/configure_logging": ("POST", "/configure_logging", {"log_requests": False, "log_level": "info",
+                                                          "dump_requests_folder": "", "crash_dump_folder": ""}),
+}
+
+
+def test_property_based_run_on_every_route_with_no_key_the_client_key_and_the_admin_key(server):
+    """Every operation of SGLang's OpenAPI document (not only the generation endpoints), its generated requests
+    sent three times: without a key (must be 401), with the client key and with the admin key. No answer may be a
+    5xx or take longer than a minute, the server must be alive after each operation and serve afterwards, and the
+    log must hold no new traceback after the requests sent without the admin key. An admin call that changes the
+    server's state for the later ones is followed by the call that puts it back (_RESTORE). It found: admin calls
+    that stopped the scheduler (closed unless server.scheduler_stopping_routes; /update_weights_from_disk with an
+    unknown load_format: request_validation.py), 500s and tracebacks on malformed input to SGLang's text utilities
+    and Ollama / Vertex adapters and on admin mistakes (http_guard.py), and client input logged with a traceback by
+    /v1/responses and /v1/messages/count_tokens (redaction.py) -- docs/RELIABILITY.md#generated-input."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json", headers=AUTH)
+    ops = [r.ok() for r in schema.get_all_operations()]
+    assert len(ops) >= 100, len(ops)
+    keys = {"no key": {}, "client key": AUTH, "admin key": ADMIN_AUTH}
+    failures: list[str] = []
+    t0 = time.monotonic()
+    for op in ops:
+        answers: dict[str, set[int]] = {name: set() for name in keys}
+
+        @settings(max_examples=ROUTE_EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        @given(case=op.as_strategy())
+        def run(case):
+            if isinstance(case.body, dict):
+                _bound_generation(case.body, op.path)
+            traces = _tracebacks(server)
+            for name, headers in keys.items():  # the admin key last: the traceback check is for the others
+                if name == "admin key" and _tracebacks(server) > traces:
+                    failures.append(f"{op.label}: a traceback in the log for a client's request\n"
+                                    f"    {case.as_curl_command()[:600]}")
+                try:
+                    r = case.call(base_url=server.url, headers=headers, timeout=60)
+                except Exception as e:  # noqa: BLE001 -- a hang or a dropped connection is a finding
+                    failures.append(f"{op.label} ({name}): {type(e).__name__}\n    {case.as_curl_command()[:600]}")
+                    continue
+                answers[name].add(r.status_code)
+                if r.status_code >= 500:
+                    failures.append(f"{op.label} ({name}) -> {r.status_code} {r.text[:200]}\n"
+                                    f"    {case.as_curl_command()[:600]}")
+            restore = _RESTORE.get(op.path)
+            if restore is not None:
+                method, path, body = restore
+                faults.send(server.url, method, path, None if body is None else json.dumps(body).encode(),
+                            {**ADMIN_AUTH, "Content-Type": "application/json"}, timeout=120)
+
+        run()
+        assert server.proc.poll() is None, f"server died during {op.label}:\n{server.log_tail()}"
+        if answers["no key"] - {401} and not op.path.startswith(OPEN_PATHS):
+            failures.append(f"{op.label}: answered {sorted(answers['no key'])} without a key")
+    elapsed = time.monotonic() - t0
+    assert not failures, f"{len(failures)} findings in {elapsed:.0f}s:\n" + "\n".join(failures[:40])
+    assert completes(server) and faults.send(server.url, "GET", "/health", None)[0] == 200
+
+
+def _tracebacks(server) -> int:
+    return server.log_path.read_text(errors="replace").count("Traceback (most recent call last)")
+
+
 # ---------------------------------------------------------------------------------------------- security
 
 
@@ -258,6 +335,54 @@ def test_every_route_but_probes_and_metrics_needs_the_key(server):
     assert server.proc.poll() is None and completes(server)
 
 
+def _websocket_handshake(server, headers: dict[str, str]) -> bytes:
+    """What a websocket handshake on /v1/realtime gets back: the status line, headers and any body."""
+    import base64
+    import socket
+
+    host, port = server.url.removeprefix("http://").split(":")
+    lines = ["GET /v1/realtime HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
+             f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}", "Sec-WebSocket-Version: 13",
+             *(f"{k}: {v}" for k, v in headers.items())]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
+            chunk = sock.recv(4096)  # the headers and the body may come in separate reads
+            if not chunk:
+                break
+            answer += chunk
+            if answer.startswith(b"HTTP/1.1 101"):
+                break
+        return answer
+
+
+def _content_length(answer: bytes) -> int:
+    match = re.search(rb"(?im)^content-length:\s*(\d+)", answer.partition(b"\r\n\r\n")[0])
+    return int(match.group(1)) if match else 0
+
+
+def test_the_realtime_websocket_needs_the_key(server):
+    """SGLang's key middleware passes websocket scopes: a handshake without any key was answered 101."""
+    for headers in ({}, {"Authorization": "Bearer wrong-key"}, ADMIN_AUTH):
+        answer = _websocket_handshake(server, headers)
+        assert answer.startswith(b"HTTP/1.1 401"), (headers.keys(), answer[:200])
+        assert faults.error_shape_problem(401, answer.partition(b"\r\n\r\n")[2]) is None, answer
+    assert not _websocket_handshake(server, AUTH).startswith(b"HTTP/1.1 401")  # the key opens it: SGLang's handler
+
+
+def test_routes_that_can_stop_the_scheduler_are_closed_to_the_admin_key_by_default(server):
+    """One admin call to the expert-distribution recorder ended the server; the distributed weight-group routes
+    held or ended the scheduler. Closed unless server.scheduler_stopping_routes."""
+    from sglang_ext.patches.http_guard import SCHEDULER_STOPPING
+
+    for path in sorted(SCHEDULER_STOPPING):
+        status, body = faults.send(server.url, "POST", path, b"{}", {**ADMIN_AUTH, "Content-Type": "application/json"})
+        assert status == 403 and b"scheduler_stopping_routes" in body, (path, status, body[:200])
+        assert faults.send(server.url, "POST", path, b"{}", {})[0] == 401
+    assert server.proc.poll() is None and completes(server)
+
+
 def test_health_and_metrics_answer_without_the_key(server):
     for path in ("/health", "/metrics"):
         status, _ = faults.send(server.url, "GET", path, None)
@@ -274,4 +399,4 @@ def test_no_prompt_or_completion_text_in_the_log(server):
     log = server.log_path.read_text(errors="replace")
     assert MARKER not in log, "prompt text in the server log"
     assert len(text.strip()) < 12 or text.strip() not in log, "completion text in the server log"
-    assert KEY not in log, "API key in the server log"
+    assert KEY not in log and ADMIN_KEY not in log, "API key in the server log"

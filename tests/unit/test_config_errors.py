@@ -343,6 +343,19 @@ def test_watermarking_with_dflash_is_refused_naming_the_field(tmp_path, tiny_pai
     check(load_config(write(tmp_path, data)))  # plain decoding watermarks as SGLang does
 
 
+@pytest.mark.parametrize("algorithm", ["none", "dflash"])
+def test_more_than_one_tokenizer_worker_is_refused_naming_the_field(tmp_path, tiny_pair, algorithm):
+    """SGLang checks no API key with more than one tokenizer worker: every route would be open."""
+    data = good(tiny_pair) if algorithm == "dflash" else good(tiny_pair, algorithm="none")
+    data["sglang_args"] = {"tokenizer_worker_num": 2}
+    r = cli("check", "-c", str(write(tmp_path, data)), "--skip-sglang-args")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("dflash-serve: error: sglang_args.tokenizer_worker_num: 2 tokenizer workers are "
+                               "refused: SGLang checks no API key"), r.stderr
+    data["sglang_args"] = {"tokenizer_worker_num": 1}
+    check(load_config(write(tmp_path, data)))
+
+
 def _target_with_generation_config(tmp_path: Path, pair, **generation) -> Path:
     """A copy of the pair's target (its files linked) whose generation_config.json sets `generation`."""
     target = tmp_path / "target"

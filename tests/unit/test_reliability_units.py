@@ -197,6 +197,166 @@ def test_guard_is_off_without_the_launcher_variable():
         HttpSettings.from_env({env.HTTP: '{"max_request_bytes": -1}'})
 
 
+@pytest.mark.parametrize("path", sorted(http_guard.SCHEDULER_STOPPING))
+@pytest.mark.parametrize("opened", [False, True])
+def test_routes_that_stop_the_scheduler_are_closed_unless_the_operator_opens_them(path, opened):
+    """SGLang's expert-distribution routes raise in the scheduler of a server that does not record expert
+    distributions: 403 for every key that gets past authentication, unless server.scheduler_stopping_routes."""
+    app = echo_app()
+    settings = HttpSettings(max_request_bytes=1000, scheduler_stopping_routes=opened)
+    status, _, body = run_asgi(http_guard.HttpGuard(app, settings, lambda: FakeTM()), path=path, body=b"{}",
+                               headers={"content-type": "application/json"})
+    if opened:
+        assert status == 200 and app.seen["body"] == b"{}"
+    else:
+        assert status == 403 and "scheduler_stopping_routes" in shape(body)["message"] and not app.seen
+    refused = http_guard.HttpGuard(app, settings, lambda: FakeTM(), lambda scope: (401, "no key"))
+    assert run_asgi(refused, path=path, body=b"{}")[0] == 401  # authentication still comes first
+    env_json = HttpSettings(1000, scheduler_stopping_routes=opened).to_json()
+    assert HttpSettings.from_env({env.HTTP: env_json}).scheduler_stopping_routes is opened
+
+
+@pytest.mark.parametrize("body", [b"", b"[1]", b"null", b"not json"])
+def test_routes_that_parse_their_own_body_get_a_json_object_or_a_400(body):
+    """/add_external_corpus and /remove_external_corpus call `await request.json()` and `.get`/`**` on it: 500."""
+    for path in sorted(http_guard.RAW_JSON_ROUTES):
+        app = echo_app()
+        status, _, out = run_asgi(guard(app, FakeTM()), path=path, body=body)
+        assert status == 400 and "JSON object" in shape(out)["message"] and not app.seen, (path, body)
+    assert run_asgi(guard(echo_app(), FakeTM()), path="/add_external_corpus", body=b"{}")[0] == 200
+
+
+def test_a_refused_profile_request_is_a_400_not_a_500():
+    """The scheduler's refusal (profiling already running, or none to stop) was re-raised as RuntimeError."""
+    from fastapi import HTTPException
+
+    class Mixin:
+        async def _execute_profile(self, req):
+            raise RuntimeError("Profiling is not in progress")
+
+    http_guard._patch_profile(types.SimpleNamespace(TokenizerControlMixin=Mixin))
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(Mixin()._execute_profile(None))
+    assert refused.value.status_code == 400 and "not in progress" in refused.value.detail
+
+
+def raising_app(exc: Exception, started: int | None = None):
+    """A handler that raises, behind Starlette's ServerErrorMiddleware (a 500 sent, then the exception re-raised);
+    `started`: a response status sent before the raise (a stream that broke)."""
+    async def app(scope, receive, send):
+        await receive()
+        if started is not None:
+            await send({"type": "http.response.start", "status": started, "headers": []})
+            raise exc
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+        raise exc
+
+    return app
+
+
+def test_a_handler_that_raises_on_malformed_input_answers_400_on_the_routes_known_to(caplog):
+    """/parse_function_call {"text": ""}, /separate_reasoning {"reasoning_parser": ""}, /api/chat without messages:
+    the handler raised, the client got a 500 and the log a traceback."""
+    for path in sorted(http_guard.CLIENT_INPUT_ROUTES):
+        status, _, body = run_asgi(guard(raising_app(IndexError("list index out of range"))), path=path,
+                                   body=b'{"text": ""}', headers={"content-type": "application/json"})
+        assert status == 400 and "IndexError" in shape(body)["message"], path
+    assert "raised IndexError" in caplog.text and "Traceback" not in caplog.text
+    with pytest.raises(IndexError):  # any other route: SGLang's 500, and the exception goes on to be logged
+        run_asgi(guard(raising_app(IndexError())), path="/v1/chat/completions", body=b"{}")
+    with pytest.raises(IndexError):  # a response already under way cannot become a 400
+        run_asgi(guard(raising_app(IndexError(), started=200)), path="/api/chat", body=b"{}")
+
+
+def test_an_ollama_stream_is_refused_before_it_starts():
+    """A streaming /api/chat the tokenizer manager refuses (too long for the context) broke its 200 stream."""
+    from starlette.responses import StreamingResponse
+
+    class Serving:
+        async def _stream_chat_response(self, refuse):
+            async def chunks():
+                if refuse:
+                    raise ValueError("Requested token count exceeds the model's maximum context length")
+                yield b"a"
+                yield b"b"
+
+            return StreamingResponse(chunks())
+
+        _stream_generate_response = _stream_chat_response
+
+    http_guard._patch_ollama_streams(types.SimpleNamespace(OllamaServing=Serving))
+    with pytest.raises(ValueError):  # in the handler, before the response starts: CLIENT_INPUT_ROUTES makes it 400
+        asyncio.run(Serving()._stream_generate_response(True))
+
+    async def served():
+        response = await Serving()._stream_chat_response(False)
+        return [chunk async for chunk in response.body_iterator]
+
+    assert asyncio.run(served()) == [b"a", b"b"]
+
+
+def test_a_clients_invalid_request_is_logged_without_its_input_or_a_traceback():
+    """/v1/responses and /v1/messages/count_tokens logged pydantic's error (quoting the prompt) with a traceback."""
+    import io
+    import logging
+
+    from sglang_ext.patches import redaction
+
+    out = io.StringIO()
+    log = logging.getLogger("test-input-errors")
+    log.addHandler(logging.StreamHandler(out))
+    redaction._quiet_input_errors(types.SimpleNamespace(logger=log))
+    for line, args in (("Error converting count_tokens request: %s", ("x",)), ("Error in preprocessing prompt inputs",
+                                                                                 ())):
+        try:
+            raise ValueError("input_value='zq-secret prompt'")
+        except ValueError:
+            log.exception(line, *args)
+    try:
+        raise KeyError("a server bug")
+    except KeyError:
+        log.exception("Something else")  # not a client's request: keeps its traceback
+    text = out.getvalue()
+    assert "zq-secret" not in text and text.count("Traceback") == 1, text
+    assert "Error converting count_tokens request: ValueError (a client's invalid request" in text
+
+
+def run_websocket(app, extensions=True):
+    """A websocket handshake as uvicorn hands it to the app: the messages the app sent back."""
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": [],
+             "extensions": {"websocket.http.response": {}} if extensions else {}}
+    incoming = [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_websocket_handshake_needs_the_key_like_an_http_request():
+    """SGLang's key middleware passes non-HTTP scopes, so /v1/realtime accepted a handshake without any key."""
+    async def accepting(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+
+    def refusing(scope):
+        return (401, http_guard.UNAUTHENTICATED) if scope["type"] == "websocket" else None
+
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, refusing))
+    assert [m["type"] for m in sent] == ["websocket.http.response.start", "websocket.http.response.body"]
+    assert sent[0]["status"] == 401 and shape(sent[1]["body"])["type"] == "authentication_error"
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, refusing), extensions=False)
+    assert sent == [{"type": "websocket.close", "code": 1008}]  # uvicorn answers the handshake 403
+    sent = run_websocket(http_guard.HttpGuard(accepting, HttpSettings(), lambda: None, lambda scope: None))
+    assert sent == [{"type": "websocket.accept"}]
+
+
 # ---------------------------------------------------------------------------------------------- SGLang patches
 
 
@@ -231,6 +391,26 @@ def test_shape_errors_in_request_normalisation_become_client_errors():
     wrapped = request_validation._shape_errors_are_client_errors(boom)
     with pytest.raises(ValueError, match="malformed request: IndexError"):
         wrapped(object())
+
+
+def test_an_unknown_load_format_is_refused_before_it_reaches_the_loader():
+    """/update_weights_from_disk {"load_format": "x"}: LoadConfig raised ValueError in the scheduler, which died."""
+    launcher.activate_cpu_layer_here()  # SGLang's io_struct imports need the CPU stubs on a machine without a GPU
+    from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
+
+    loaded = []
+
+    class Updater:
+        def update_weights_from_disk(self, recv_req):
+            loaded.append(recv_req.load_format)
+            return "loaded"
+
+    request_validation._patch_weight_updater(types.SimpleNamespace(SchedulerWeightUpdaterManager=Updater))
+    out = Updater().update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path="/m", load_format="x"))
+    assert out.success is False and out.message.startswith("load_format: not a load format") and not loaded
+    for fmt in (None, "auto", "safetensors"):
+        assert Updater().update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path="/m", load_format=fmt)) \
+            == "loaded"
 
 
 def test_dflash_row_headroom_covers_the_decode_reserve():
