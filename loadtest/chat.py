@@ -207,7 +207,8 @@ class ChatUser(HttpUser):
         req = (PROMPTS[_BUDGET["sent"] % len(PROMPTS)] if opts.prompt_order == "sequence"
                else random.choice(PROMPTS))
         temperature = opts.temperature if req.temperature is None else req.temperature
-        body = {"model": model, **req.payload(), "max_tokens": opts.max_tokens, "temperature": temperature,
+        max_tokens = opts.max_tokens if req.max_tokens is None else req.max_tokens
+        body = {"model": model, **req.payload(), "max_tokens": max_tokens, "temperature": temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if opts.ignore_eos:
             body["ignore_eos"] = True

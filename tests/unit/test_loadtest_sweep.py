@@ -42,6 +42,9 @@ def test_shipped_workloads_are_the_two_ends_and_traffic_the_pair_was_not_tuned_o
                          "realcode": Workload(prompts / "realcode.jsonl", 0.0),
                          "mixed": Workload(prompts / "mixed.jsonl", 0.0),
                          "chat": Workload(prompts / "chat.jsonl", 1.0),
+                         "multiturn": Workload(prompts / "multiturn.jsonl", 1.0),
+                         "long": Workload(prompts / "long.jsonl", 0.0),
+                         "lengthmix": Workload(prompts / "lengthmix.jsonl", 1.0),
                          "code-heavy-client": Workload(prompts / "mix.jsonl", 0.0,
                                                        (DEFAULT_CONFIGS.parent.parent / "models/tiny-code/target"
                                                         ).resolve())}
@@ -61,8 +64,8 @@ def _args(**kw):
 
 def test_workload_choice_ad_hoc_or_named():
     shipped = load_configs(DEFAULT_CONFIGS).workloads
-    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose", "realcode", "mixed", "chat",
-                                                       "code-heavy-client"]
+    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose", "realcode", "mixed", "chat", "multiturn",
+                                                       "long", "lengthmix", "code-heavy-client"]
     assert list(chosen_workloads(_args(workloads=["prose"]), shipped)) == ["prose"]
     assert chosen_workloads(_args(temperature=0.7), shipped) == {"custom": Workload(None, 0.7)}
     with pytest.raises(SweepError, match=r"unknown workload\(s\) \['nope'\]"):
