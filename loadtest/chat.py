@@ -252,6 +252,9 @@ class ChatUser(HttpUser):
         opts = self.environment.parsed_options
         model = self._model()
         if model is None:
+            if opts.rate:
+                _BUDGET["sent"] += 1              # the arrival is spent: failed, and the run still ends
+                self._done(opts)
             return False
         if index is None:
             index = _BUDGET["sent"]
@@ -267,11 +270,16 @@ class ChatUser(HttpUser):
         try:
             return self._send(req, body, measured)
         finally:
-            _BUDGET["done"] += 1
-            if opts.requests and _BUDGET["done"] == opts.requests + (opts.warmup_requests if opts.rate else 0):
-                # from another greenlet: stopping the runner kills this one
-                runner = self.environment.runner
-                gevent.spawn(runner.quit if opts.headless else runner.stop)
+            self._done(opts)
+
+    def _done(self, opts) -> None:
+        """One request over (answered or failed): the last of --requests (and, open loop, the warm-up) ends the
+        run."""
+        _BUDGET["done"] += 1
+        if opts.requests and _BUDGET["done"] == opts.requests + (opts.warmup_requests if opts.rate else 0):
+            # from another greenlet: stopping the runner kills this one
+            runner = self.environment.runner
+            gevent.spawn(runner.quit if opts.headless else runner.stop)
 
     def _send(self, req: Request, body: dict, measured: bool = True) -> bool:
         work = Retokenizer(CLIENT["tokenizer"]) if "tokenizer" in CLIENT else None

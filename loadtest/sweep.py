@@ -323,7 +323,10 @@ def run_point(url: str, users: int | None, args: argparse.Namespace, raw_dir: Pa
     cmd += args.locust_arg
     # the CPU layer's startup hook has no business in the load generator
     env = {k: v for k, v in os.environ.items() if k != "DFLASH_SERVE_CPU"}
-    limit = (args.duration + 300) if args.requests is None and not rate else args.point_timeout
+    if rate:   # the arrivals take warm-up + duration; an overloaded server then drains what queued
+        limit = args.point_timeout if args.requests is not None else int(args.warmup_s + args.duration) + 900
+    else:
+        limit = (args.duration + 300) if args.requests is None else args.point_timeout
     started = time.monotonic()
     with open(f"{stem}_locust.log", "w") as logf:
         try:

@@ -77,6 +77,17 @@ def test_requests_limit_ends_the_run(tmp_path):
     assert summary["requests"] == 3 and summary["failures"] == 3
 
 
+@pytest.mark.parametrize("model", [(), ("--model", "m")])
+def test_an_open_loop_against_a_dead_server_still_ends(tmp_path, model):
+    """Every arrival is spent even when it fails (the model lookup or the request itself): the run ends after
+    warm-up + --requests arrivals, each a failure."""
+    r = locust("-u", "4", "-r", "4", "--rate", "5", "--requests", "3", "--warmup-requests", "1", *model,
+               "--host", f"http://127.0.0.1:{free_port()}", "--summary-file", str(tmp_path / "s.json"), timeout=60)
+    assert r.returncode == 1, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["failures"] == summary["requests"] == 4 and summary["completed"] == 0
+
+
 def _prompt_tokens(server) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in server.metrics().splitlines()
                if line.startswith("sglang:prompt_tokens_total"))
