@@ -307,20 +307,21 @@ def _requests_total(server) -> float:
 @pytest.mark.server
 def test_sweep_at_request_rates_reports_goodput_and_the_pareto_curve(dflash_server, tmp_path):
     r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
-                        "--workloads", "multiturn", "--rates", "1", "3", "--duration", "4", "--warmup-s", "1",
-                        "--max-tokens", "16", "--warmup", "1", "--slo-ttft", "60000", "--slo-tpot", "1",
-                        "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                        "--workloads", "code", "--rates", "1", "2", "--duration", "4", "--warmup-s", "1",
+                        "--max-in-flight", "8", "--max-tokens", "16", "--warmup", "1", "--slo-ttft", "60000",
+                        "--slo-tpot", "1", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "[sweep] config 1/1 tiny, multiturn, rate 3 req/s (2/2)" in r.stdout
-    out = tmp_path / "multiturn"
+    assert "[sweep] config 1/1 tiny, code, rate 2 req/s (2/2)" in r.stdout
+    out = tmp_path / "code"
     points = json.loads((out / "results.json").read_text())["points"]
     assert [(p["rate"], p["users"], p["ok"], p["completed"]) for p in points] == [(1, None, True, 4),
-                                                                                 (3, None, True, 12)]
+                                                                                 (2, None, True, 8)]
     for p in points:
         # TPOT <= 1 ms: no request of a CPU server meets it, so goodput is 0 while throughput is not
         assert p["goodput_req_s"] == 0 and p["req_s"] > 0 and p["user_tok_s"] > 0
         assert p["server"]["accept_length"] >= 1
     md = (out / "report.md").read_text()
-    assert "DFlash serving sweep at request rates" in md and "TPOT ≤ 1 ms" in md and "| tiny | 3 |" in md
+    assert "DFlash serving sweep at request rates" in md and "TPOT ≤ 1 ms" in md and "| tiny | 2 |" in md
     for name in ("pareto.png", "goodput.png", "throughput.png"):
         assert (out / name).stat().st_size > 0, name
