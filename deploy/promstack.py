@@ -91,6 +91,7 @@ def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Pat
     cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
     cfg["global"] |= {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval}
     cfg["rule_files"] = [str(rules_dir / Path(p).name) for p in cfg["rule_files"]]
+    cfg.pop("alerting", None)          # the stack's Alertmanager; tests/deploy/test_alerting.py runs a real one
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     job = jobs[SCRAPE_JOB]
     job.pop("file_sd_configs", None)
@@ -106,6 +107,7 @@ def stack_config(targets: list[str], scrape_interval: str = "1s", rules_dir: Pat
         cfg["scrape_configs"].append(router)
     if learner_targets:
         learner = jobs[LEARN_JOB]
+        learner.pop("file_sd_configs", None)
         learner["static_configs"] = [{"targets": list(learner_targets)}]
         cfg["scrape_configs"].append(learner)
     for j in cfg["scrape_configs"]:

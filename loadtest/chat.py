@@ -23,7 +23,10 @@ answers before loading this file -- the web UI shows them): --model (default: as
 FILE.jsonl (default: the bundled loadtest/prompts/mix.jsonl), --prompt-order random, --client-tokenizer DIR
 (a CPU-heavy client: re-tokenize the answer on every chunk in this process), --max-failure-ratio 0.01,
 --api-key (or LOCUST_API_KEY), --requests N (stop after N requests), --summary-file FILE.json, --record-file
-FILE.jsonl (one line per completed request). See loadtest/README.md.
+FILE.jsonl (one line per completed request), --rate R with --arrival poisson|constant (open loop: requests
+arrive at R/s whatever the answers do; -u caps the requests in flight), --warmup-requests N (open loop: the first
+N arrivals load the server but are not measured), --slo-ttft MS / --slo-tpot MS (goodput). See
+loadtest/README.md.
 
 Locust always runs in its own process: it monkey-patches everything with gevent, which breaks SGLang.
 """
@@ -44,6 +47,7 @@ import requests  # noqa: E402
 from locust import HttpUser, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
+from loadtest.arrivals import Schedule  # noqa: E402
 from loadtest.client_work import ClientTokenizerError, Retokenizer, load_tokenizer  # noqa: E402
 from loadtest.dataset import BUNDLED, DatasetError, Request, load_requests  # noqa: E402
 from loadtest.sse import ChatStreamParser, StreamError, StreamTimings  # noqa: E402
@@ -93,6 +97,20 @@ def _options(parser) -> None:
                         help="bearer token (env LOCUST_API_KEY)")
     parser.add_argument("--requests", type=int, default=0,
                         help="stop after this many requests, failed ones included (default 0: no limit)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="open loop: requests arrive at this many per second whatever the answers do; -u caps "
+                             "the requests in flight (an arrival with every user busy waits for one) (default 0: "
+                             "closed loop)")
+    parser.add_argument("--arrival", choices=("poisson", "constant"), default="poisson",
+                        help="open loop: exponential gaps (seed 0: every run draws the same times) or equal gaps "
+                             "(default poisson)")
+    parser.add_argument("--warmup-requests", type=int, default=0,
+                        help="open loop: the first N arrivals are sent but not measured, on top of --requests "
+                             "(default 0)")
+    parser.add_argument("--slo-ttft", type=float, default=0.0,
+                        help="goodput: a request meets its SLO with TTFT at most this many ms (default 0: no limit)")
+    parser.add_argument("--slo-tpot", type=float, default=0.0,
+                        help="goodput: ... and TPOT at most this many ms (default 0: no limit)")
     parser.add_argument("--summary-file", default="", include_in_web_ui=False,
                         help="write exact percentiles and steady-state throughput as JSON here on exit")
     parser.add_argument("--record-file", default="", include_in_web_ui=False,
@@ -110,6 +128,10 @@ def _init(environment, **_kw) -> None:
         (opts.temperature < 0, "--temperature must be >= 0"),
         (opts.think_time < 0, "--think-time must be >= 0 seconds"),
         (opts.requests < 0, "--requests must be >= 0"),
+        (opts.rate < 0, "--rate must be >= 0 requests/s"),
+        (opts.warmup_requests < 0, "--warmup-requests must be >= 0"),
+        (opts.warmup_requests > 0 and not opts.rate, "--warmup-requests needs --rate (open loop)"),
+        (opts.slo_ttft < 0 or opts.slo_tpot < 0, "--slo-ttft and --slo-tpot must be >= 0 ms"),
         (not 0 <= opts.max_failure_ratio <= 1, "--max-failure-ratio must be between 0 and 1"),
     ) if bad]
     if problems:
@@ -138,9 +160,15 @@ def _usage_error(msg: str) -> None:
 
 
 @events.test_start.add_listener
-def _test_start(**_kw) -> None:
+def _test_start(environment=None, **_kw) -> None:
     RECORDER.reset(time.perf_counter())
     _BUDGET.update(sent=0, done=0)
+    opts = getattr(environment, "parsed_options", None)
+    if opts is not None and opts.rate:
+        SCHEDULE.reset(opts.rate, opts.arrival, opts.requests + opts.warmup_requests if opts.requests else 0)
+
+
+SCHEDULE = Schedule()
 
 
 @events.reset_stats.add_listener
@@ -160,10 +188,12 @@ def report_metric(name: str, value: float, length: int = 0) -> None:
 
 
 class ChatUser(HttpUser):
-    """One user in a closed loop: pick a prompt, stream the answer, repeat after --think-time."""
+    """One user in a closed loop: pick a prompt, stream the answer, repeat after --think-time. With --rate: a
+    slot of the open loop (Schedule): take the next arrival, wait until it is due, stream it, repeat."""
 
     def wait_time(self) -> float:
-        return self.environment.parsed_options.think_time
+        opts = self.environment.parsed_options
+        return 0.0 if opts.rate else opts.think_time
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
@@ -171,11 +201,28 @@ class ChatUser(HttpUser):
 
     @task
     def chat(self) -> None:
-        limit = self.environment.parsed_options.requests
+        opts = self.environment.parsed_options
+        if opts.rate:
+            self._open_loop(opts)
+            return
+        limit = opts.requests
         if limit and _BUDGET["sent"] >= limit:
             raise StopUser()                  # the others finish the requests still running
         if not self._stream_one():
             time.sleep(FAILURE_BACKOFF_S)     # gevent-patched: yields to the other users
+
+    def _open_loop(self, opts) -> None:
+        slot = SCHEDULE.claim(time.perf_counter())
+        if slot is None:
+            raise StopUser()                  # every arrival is out; the others finish theirs
+        k, wait = slot
+        if wait > 0:
+            time.sleep(wait)                  # gevent-patched: the other users go on
+        warmup = k < opts.warmup_requests
+        if not warmup:
+            RECORDER.dispatch_delays_ms.append(max(0.0, -wait) * 1e3)
+        # no failure back-off: arrivals keep their schedule whatever the server answers
+        self._stream_one(index=k, measured=not warmup)
 
     def _model(self) -> str | None:
         opts = self.environment.parsed_options
@@ -199,29 +246,42 @@ class ChatUser(HttpUser):
         _MODELS[self.host] = ids[0]
         return ids[0]
 
-    def _stream_one(self) -> bool:
+    def _stream_one(self, index: int | None = None, measured: bool = True) -> bool:
+        """One request: the `index`-th prompt (open loop; else the next in sequence, or a random one); not
+        recorded when not `measured` (an open-loop warm-up arrival)."""
         opts = self.environment.parsed_options
         model = self._model()
         if model is None:
+            if opts.rate:
+                _BUDGET["sent"] += 1              # the arrival is spent: failed, and the run still ends
+                self._done(opts)
             return False
-        req = (PROMPTS[_BUDGET["sent"] % len(PROMPTS)] if opts.prompt_order == "sequence"
+        if index is None:
+            index = _BUDGET["sent"]
+        req = (PROMPTS[index % len(PROMPTS)] if opts.prompt_order == "sequence" or opts.rate
                else random.choice(PROMPTS))
         temperature = opts.temperature if req.temperature is None else req.temperature
-        body = {"model": model, **req.payload(), "max_tokens": opts.max_tokens, "temperature": temperature,
+        max_tokens = opts.max_tokens if req.max_tokens is None else req.max_tokens
+        body = {"model": model, **req.payload(), "max_tokens": max_tokens, "temperature": temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if opts.ignore_eos:
             body["ignore_eos"] = True
         _BUDGET["sent"] += 1
         try:
-            return self._send(req, body)
+            return self._send(req, body, measured)
         finally:
-            _BUDGET["done"] += 1
-            if _BUDGET["done"] == opts.requests:
-                # from another greenlet: stopping the runner kills this one
-                runner = self.environment.runner
-                gevent.spawn(runner.quit if opts.headless else runner.stop)
+            self._done(opts)
 
-    def _send(self, req: Request, body: dict) -> bool:
+    def _done(self, opts) -> None:
+        """One request over (answered or failed): the last of --requests (and, open loop, the warm-up) ends the
+        run."""
+        _BUDGET["done"] += 1
+        if opts.requests and _BUDGET["done"] == opts.requests + (opts.warmup_requests if opts.rate else 0):
+            # from another greenlet: stopping the runner kills this one
+            runner = self.environment.runner
+            gevent.spawn(runner.quit if opts.headless else runner.stop)
+
+    def _send(self, req: Request, body: dict, measured: bool = True) -> bool:
         work = Retokenizer(CLIENT["tokenizer"]) if "tokenizer" in CLIENT else None
         start = time.perf_counter()
         with self.client.post(req.endpoint, json=body, headers=self.headers, stream=True,
@@ -245,6 +305,9 @@ class ChatUser(HttpUser):
             r.request_meta["response_length"] = len(timings.text)
             r.success()
         client_ms = work.costs_ms if work else []
+        if not measured:
+            RECORDER.record_unmeasured(time.perf_counter(), timings)
+            return True
         RECORDER.record(id(self), time.perf_counter(), timings, client_ms)
         if "record" in CLIENT:
             _write_record(req, body, timings, start, work)
@@ -301,7 +364,9 @@ def _quitting(environment, **_kw) -> None:
         summary = RECORDER.summary(end, n, failed, host=environment.host, model=opts.model or _MODELS.get(
             environment.host or ""), users=users, max_tokens=opts.max_tokens, temperature=opts.temperature,
             ignore_eos=opts.ignore_eos, think_time_s=opts.think_time, dataset=opts.dataset or str(BUNDLED),
-            client_tokenizer=opts.client_tokenizer or None)
+            client_tokenizer=opts.client_tokenizer or None, rate=opts.rate or None,
+            arrival=opts.arrival if opts.rate else None, warmup_requests=opts.warmup_requests,
+            slo_ttft_ms=opts.slo_ttft or None, slo_tpot_ms=opts.slo_tpot or None)
         Path(opts.summary_file).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if n == 0:

@@ -9,7 +9,7 @@ BUNDLED = Path(__file__).resolve().parent / "prompts" / "mix.jsonl"
 
 _FORMATS = ('expected one JSON object per line: OpenAI chat {"messages": [{"role": "user", "content": "..."}]}, '
             'ShareGPT {"conversations": [{"from": "human", "value": "..."}]} or OpenAI completions '
-            '{"prompt": "..."}, each with an optional "temperature": number >= 0')
+            '{"prompt": "..."}, each with an optional "temperature": number >= 0 and "max_tokens": integer >= 1')
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -31,6 +31,7 @@ class Request:
     messages: Messages | None = None
     prompt: str | None = None
     temperature: float | None = None
+    max_tokens: int | None = None          # the line's own answer budget (None: the run's --max-tokens)
 
     @property
     def endpoint(self) -> str:
@@ -99,18 +100,23 @@ def parse_request(line: str, lineno: int = 0) -> Request:
         raise DatasetError(f"'temperature' must be a number >= 0 (or absent: the run's --temperature), "
                            f"got {json.dumps(temperature)[:80]}")
     temperature = None if temperature is None else float(temperature)
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise DatasetError(f"'max_tokens' must be an integer >= 1 (or absent: the run's --max-tokens), "
+                           f"got {json.dumps(max_tokens)[:80]}")
     kinds = [k for k in ("messages", "conversations", "prompt") if k in obj]
     if len(kinds) > 1:
         raise DatasetError(f"both {kinds[0]!r} and {kinds[1]!r}: a line is one request; {_FORMATS}")
     if "messages" in obj:
-        return Request(lineno, messages=_openai(obj["messages"]), temperature=temperature)
+        return Request(lineno, messages=_openai(obj["messages"]), temperature=temperature, max_tokens=max_tokens)
     if "conversations" in obj:
-        return Request(lineno, messages=_sharegpt(obj["conversations"]), temperature=temperature)
+        return Request(lineno, messages=_sharegpt(obj["conversations"]), temperature=temperature,
+                       max_tokens=max_tokens)
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise DatasetError(f"'prompt' must be a non-empty string (one completion prompt), "
                                f"got {json.dumps(obj['prompt'])[:80]}")
-        return Request(lineno, prompt=obj["prompt"], temperature=temperature)
+        return Request(lineno, prompt=obj["prompt"], temperature=temperature, max_tokens=max_tokens)
     raise DatasetError(f"none of 'messages', 'conversations' or 'prompt' (found {sorted(obj)[:5]}); {_FORMATS}")
 
 

@@ -11,6 +11,8 @@ Snapshot = dict[str, list[tuple[dict[str, str], float]]]
 
 BLOCK_STEPS = "dflash_block_size_steps_total"   # the adaptive worker's counter, labelled by block_size
 RAGGED_STEPS = "dflash_ragged_steps_total"   # its steps that verified a width per request (not in BLOCK_STEPS)
+ACCEPTED_AT = "dflash_accepted_tokens_by_position_total"  # draft tokens accepted at position j
+TRIED_AT = "dflash_tried_tokens_by_position_total"        # draft tokens verified at position j
 
 
 def parse(text: str) -> Snapshot:
@@ -70,7 +72,9 @@ def point_deltas(before: Snapshot | None, after: Snapshot | None) -> dict:
     `sglang:generation_tokens_total` and `sglang:spec_verify_calls_total` counters -- the window's mean, unlike
     the `sglang:spec_accept_length` gauge, which is the last logging interval's. block_size_shares: fraction of
     verify steps at each block size (and "ragged": the steps that verified a width per request), only when the
-    server exports `dflash_block_size_steps_total`.
+    server exports `dflash_block_size_steps_total`. position_acceptance: per draft position j, the share of the
+    tokens verified there that were accepted (`dflash_accepted_tokens_by_position_total` /
+    `dflash_tried_tokens_by_position_total`). Snapshots of several replicas (scrape_all) give the fleet's.
     """
     if after is None:
         return {"metrics": False}
@@ -83,6 +87,7 @@ def point_deltas(before: Snapshot | None, after: Snapshot | None) -> dict:
         "accept_length": _ratio(gen, verify),
         "spec_accept_length_gauge": total(after, "sglang:spec_accept_length"),
         "block_size_shares": block_size_shares(before, after),
+        "position_acceptance": position_acceptance(before, after),
     }
     for key, family in (("ttft", "time_to_first_token"), ("itl", "inter_token_latency"),
                         ("e2e", "e2e_request_latency")):
@@ -90,6 +95,26 @@ def point_deltas(before: Snapshot | None, after: Snapshot | None) -> dict:
         out[f"{key}_mean_ms"] = _ratio(_delta(before, after, f"{base}_sum"), _delta(before, after, f"{base}_count"),
                                        1e3)
     return out
+
+
+def _by_label(before: Snapshot | None, after: Snapshot | None, name: str, label: str) -> dict[str, float]:
+    """Δ of a counter per value of one label, summed over its other labels (and over replicas)."""
+    out: dict[str, float] = {}
+    for sign, snap in ((1.0, after), (-1.0, before)):
+        for labels, v in (snap or {}).get(name, []):
+            out[labels.get(label, "?")] = out.get(labels.get(label, "?"), 0.0) + sign * v
+    return out
+
+
+def position_acceptance(before: Snapshot | None, after: Snapshot | None) -> dict[str, float] | None:
+    """Draft position (1-based, as the server labels it) -> accepted / verified over the window."""
+    if not after or TRIED_AT not in after:
+        return None
+    tried = _by_label(before, after, TRIED_AT, "position")
+    accepted = _by_label(before, after, ACCEPTED_AT, "position")
+    key = lambda j: (not j.isdigit(), int(j) if j.isdigit() else 0, j)  # noqa: E731 -- numeric order
+    out = {j: accepted.get(j, 0.0) / tried[j] for j in sorted(tried, key=key) if tried[j] > 0}
+    return out or None
 
 
 def block_size_shares(before: Snapshot | None, after: Snapshot | None) -> dict[str, float] | None:

@@ -47,6 +47,8 @@ class RunRecorder:
     completions: list[Completion] = field(default_factory=list)
     first_done: dict[object, float] = field(default_factory=dict)          # user -> its first completion
     last_done: dict[object, float] = field(default_factory=dict)           # user -> its latest completion
+    dispatch_delays_ms: list[float] = field(default_factory=list)  # open loop: how late each arrival left
+    unmeasured: list[Completion] = field(default_factory=list)     # open loop: warm-up arrivals, tokens only
 
     def reset(self, now: float) -> None:
         """Forget everything (Locust's "reset stats"): the run restarts now."""
@@ -66,6 +68,12 @@ class RunRecorder:
         self.completions.append(Completion(done_at, t.output_tokens, sent_at, sent_at + t.ttft))
         self.first_done.setdefault(user, done_at)
         self.last_done[user] = done_at
+
+    def record_unmeasured(self, done_at: float, t: StreamTimings) -> None:
+        """A warm-up arrival of an open-loop run: not in any statistic, but its tokens count where they fall
+        inside the measured window."""
+        sent_at = done_at - t.e2e
+        self.unmeasured.append(Completion(done_at, t.output_tokens, sent_at, sent_at + t.ttft))
 
     def throughput(self, end: float, users: int | None = None) -> dict:
         """Output tokens/s and requests/s over the steady-state window [A, B].
@@ -106,15 +114,64 @@ class RunRecorder:
         return out | {"output_tok_s": total / span, "req_s": len(self.completions) / span,
                       "window": "whole run", "window_s": span}
 
-    def summary(self, end: float, requests: int, failures: int, users: int | None = None, **meta) -> dict:
-        """The JSON `--summary-file` holds: run metadata, counts, throughput and every metric's distribution."""
+    def open_loop_throughput(self, end: float) -> dict:
+        """Open loop (chat.py --rate): output tok/s and requests/s over the window [A, B] from the first measured
+        request's send to the last one's. Every request runs to its end (the run waits for them), so every token
+        received in the window is recorded: the measured requests' and the warm-up arrivals' still streaming at
+        A, each request's tokens spread over its decode span as in `throughput`, requests over their lifetimes.
+        Below saturation req/s is then the offered rate; above it, what the server sustains. (Counting up to
+        the last completion instead, as vLLM's and SGLang's serving benchmarks do, adds the drain after the
+        last arrival: a 20-request point at 1 req/s read 0.7 req/s.) A window under a second falls back to the
+        first send up to the last completion, flagged `window: whole run`."""
+        total = sum(c.output_tokens for c in self.completions)
+        out = {"output_tokens_total": total, "completed": len(self.completions)}
+        a = min((c.sent_at for c in self.completions), default=end)
+        b = max((c.sent_at for c in self.completions), default=end)
+        if b - a >= 1.0 and len(self.completions) >= 2:
+            every = self.completions + self.unmeasured
+            tokens = sum(_tokens_inside(c, a, b) for c in every)
+            requests = sum(_overlap(c.sent_at, c.done_at, a, b) / max(c.done_at - c.sent_at, 1e-9) for c in every)
+            return out | {"duration_s": b - a, "output_tok_s": tokens / (b - a), "req_s": requests / (b - a),
+                          "window": "steady", "window_s": b - a}
+        last = max((c.done_at for c in self.completions), default=end)
+        span = max(last - a, 1e-9)
+        return out | {"duration_s": span, "output_tok_s": total / span, "req_s": len(self.completions) / span,
+                      "window": "whole run", "window_s": span}
+
+    def goodput(self, req_s: float, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> dict:
+        """Requests/s that met both SLOs (TTFT <= slo_ttft_ms, TPOT <= slo_tpot_ms; None: no limit), as the
+        completed requests' share that met them times req_s; and the median per-user decode speed, 1000 / TPOT
+        of each request (tokens/s one user sees while its answer streams: the Pareto plot's x axis)."""
+        good = 0
+        speeds = []
+        for c in self.completions:
+            ttft = (c.first_token_at - c.sent_at) * 1e3
+            tpot = (c.done_at - c.first_token_at) * 1e3 / (c.output_tokens - 1) if c.output_tokens > 1 else None
+            if tpot:
+                speeds.append(1e3 / tpot)
+            good += ((slo_ttft_ms is None or ttft <= slo_ttft_ms)
+                     and (slo_tpot_ms is None or tpot is None or tpot <= slo_tpot_ms))
+        share = good / len(self.completions) if self.completions else None
+        return {"slo_met": good, "slo_met_share": share, "goodput_req_s": req_s * share if share is not None else None,
+                "user_tok_s": float(np.median(speeds)) if speeds else None}
+
+    def summary(self, end: float, requests: int, failures: int, users: int | None = None, rate: float | None = None,
+                slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None, **meta) -> dict:
+        """The JSON `--summary-file` holds: run metadata, counts, throughput, goodput and every metric's
+        distribution. `rate`: an open-loop run's request rate (chat.py --rate)."""
+        tp = self.open_loop_throughput(end) if rate else self.throughput(end, users)
         return {
             **meta,
             "users": users,
+            "rate": rate,
+            "slo_ttft_ms": slo_ttft_ms,
+            "slo_tpot_ms": slo_tpot_ms,
             "requests": requests,
             "failures": failures,
             "failure_ratio": failures / requests if requests else None,
-            **self.throughput(end, users),
+            **tp,
+            **self.goodput(tp["req_s"], slo_ttft_ms, slo_tpot_ms),
+            "dispatch_delay_ms": describe(self.dispatch_delays_ms) if rate else None,
             "metrics": {m: {"unit": UNITS[m], **describe(self.samples[m])} for m in METRICS},
         }
 

@@ -6,6 +6,7 @@
     python -m loadtest.sweep --dataset my.jsonl --temperature 0.7       # one ad-hoc workload, named `custom`
     python -m loadtest.sweep --report-only --out benchmarks/results/sweep-cpu
     python -m loadtest.sweep --interleave --duration 15                # every server up at once, points in turns
+    python -m loadtest.sweep --rates 1 3 --slo-ttft 2000 --slo-tpot 100  # open loop: Poisson arrivals at 1, 3 req/s
 
 Per configuration: start `dflash-serve serve` (harness.server.ManagedServer) -- or, for a configuration with a
 `fleet:` section, `dflash-serve fleet` (harness.server.ManagedFleet: the router in front, the replicas' metrics
@@ -16,6 +17,11 @@ workload's results go to OUT/<workload>/ and are rewritten after every point, so
 data. With --interleave every configuration's server starts first and each (workload, users) point is measured
 for every configuration in turn, the order reversed on every other point: ratios between configurations are then
 taken seconds apart, not a configuration's block of points apart (a shared machine's speed drifts over minutes).
+With --rates the points are request rates instead of user counts: an open loop (chat.py --rate), Poisson or
+constant arrivals, at most --max-in-flight requests in flight, --warmup-s seconds of arrivals unmeasured, and
+goodput against --slo-ttft / --slo-tpot. Behind a router (--url to a fleet) the server-side numbers come from
+each replica's /metrics: --replicas NAME=URL,URL, else the router's /workers list (its admin key in
+$LOCUST_ADMIN_KEY).
 """
 from __future__ import annotations
 
@@ -183,6 +189,53 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+ADMIN_KEY_ENV = "LOCUST_ADMIN_KEY"  # a router's control-plane key: its /workers lists the replicas
+
+
+def router_workers(url: str, timeout: float = 10) -> list[str]:
+    """The replica URLs a router in front of `url` lists (SGLang's router: GET /workers, with the admin key of
+    $LOCUST_ADMIN_KEY, else the API key); [] when `url` is no router or refuses."""
+    import urllib.request
+
+    key = os.environ.get(ADMIN_KEY_ENV)
+    headers = {"Authorization": f"Bearer {key}"} if key else _headers()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/workers", headers=headers), timeout=timeout) as r:
+            workers = json.load(r).get("workers", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
+
+
+def metrics_sources(name: str, url: str, replicas: dict[str, list[str]]) -> list[str]:
+    """Where configuration `name`'s server-side numbers come from: `url` itself when it serves SGLang's metrics;
+    else (a router) its replicas, from --replicas or the router's /workers. A router's own /metrics know no
+    acceptance or widths, so a fleet behind one is read replica by replica and summed."""
+    if name in replicas:
+        return replicas[name]
+    own = server_metrics.scrape(url, _headers(), timeout=10)
+    if own is not None and server_metrics.total(own, "sglang:num_running_reqs") is not None:
+        return [url]
+    found = [u for u in router_workers(url) if server_metrics.scrape(u, _headers(), timeout=10) is not None]
+    if found:
+        log(f"{name}: {url} is a router; reading the /metrics of its replicas {', '.join(found)}")
+        return found
+    log(f"{name}: WARNING: {url} serves no SGLang metrics and lists no reachable replica (a router: give "
+        f"--replicas {name}=URL,URL or its admin key in ${ADMIN_KEY_ENV}); no server-side numbers")
+    return [url]
+
+
+def parse_replicas(items: list[str]) -> dict[str, list[str]]:
+    out = {}
+    for item in items:
+        name, sep, urls = item.partition("=")
+        listed = [u.rstrip("/") for u in urls.split(",") if u]
+        if not sep or not name or not listed or not all(u.startswith(("http://", "https://")) for u in listed):
+            raise SweepError(f"--replicas {item!r}: expected NAME=http://HOST:PORT[,http://HOST:PORT...]")
+        out[name] = listed
+    return out
+
+
 def _post(url: str, body: dict, timeout: float) -> dict:
     import urllib.request
 
@@ -225,23 +278,42 @@ def wait_idle(metrics_urls: list[str], timeout: float = 300) -> bool:
     return False
 
 
-def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, workload: Workload,
-              metrics_urls: list[str] | None = None) -> dict:
-    """Warm up, run Locust headless at `users`, and return the point's record. `metrics_urls`: where the
-    server's /metrics are (a fleet's replicas; default `url`)."""
+def open_loop_counts(rate: float, args: argparse.Namespace) -> tuple[int, int]:
+    """(measured requests, warm-up arrivals) of an open-loop point at `rate`: --requests, else --duration
+    seconds' worth; --warmup-s seconds' worth of arrivals before them."""
+    measured = args.requests if args.requests is not None else max(1, round(rate * args.duration))
+    return measured, round(rate * args.warmup_s)
+
+
+def run_point(url: str, users: int | None, args: argparse.Namespace, raw_dir: Path, workload: Workload,
+              metrics_urls: list[str] | None = None, rate: float | None = None) -> dict:
+    """Warm up, run Locust headless at `users` (closed loop) or at `rate` requests/s (open loop, at most
+    --max-in-flight in flight), and return the point's record. `metrics_urls`: where the server's /metrics are
+    (a fleet's replicas; default `url`)."""
     metrics_urls = metrics_urls or [url]
     raw_dir.mkdir(parents=True, exist_ok=True)
-    stem = raw_dir / f"u{users}"
+    stem = raw_dir / (f"r{rate:g}" if rate else f"u{users}")
     summary_path = Path(f"{stem}_summary.json")
     summary_path.unlink(missing_ok=True)
     warm_up(url, args.warmup, load_requests(workload.dataset)[0])
     before = server_metrics.scrape_all(metrics_urls, _headers())
+    slots = args.max_in_flight if rate else users
     cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "--only-summary",
-           "-u", str(users), "-r", str(users), "--host", url, "--csv", str(stem),
+           "-u", str(slots), "-r", str(slots), "--host", url, "--csv", str(stem),
            "--summary-file", str(summary_path), "--max-tokens", str(args.max_tokens),
            "--temperature", str(workload.temperature), "--max-failure-ratio", str(args.max_failure_ratio),
            "--prompt-order", "sequence"]  # every configuration: the same prompts in the same order
-    cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
+    if args.slo_ttft:
+        cmd += ["--slo-ttft", str(args.slo_ttft)]
+    if args.slo_tpot:
+        cmd += ["--slo-tpot", str(args.slo_tpot)]
+    if rate:
+        # the same arrival times and prompts for every configuration; every measured request runs to its end
+        measured, warm = open_loop_counts(rate, args)
+        cmd += ["--rate", str(rate), "--arrival", args.arrival, "--requests", str(measured),
+                "--warmup-requests", str(warm)]
+    else:
+        cmd += ["-t", f"{args.duration}s"] if args.requests is None else ["--requests", str(args.requests)]
     if workload.dataset:
         cmd += ["--dataset", str(workload.dataset)]
     if workload.client_tokenizer:
@@ -251,7 +323,10 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
     cmd += args.locust_arg
     # the CPU layer's startup hook has no business in the load generator
     env = {k: v for k, v in os.environ.items() if k != "DFLASH_SERVE_CPU"}
-    limit = (args.duration + 300) if args.requests is None else args.point_timeout
+    if rate:   # the arrivals take warm-up + duration; an overloaded server then drains what queued
+        limit = args.point_timeout if args.requests is not None else int(args.warmup_s + args.duration) + 900
+    else:
+        limit = (args.duration + 300) if args.requests is None else args.point_timeout
     started = time.monotonic()
     with open(f"{stem}_locust.log", "w") as logf:
         try:
@@ -261,12 +336,16 @@ def run_point(url: str, users: int, args: argparse.Namespace, raw_dir: Path, wor
     wall = time.monotonic() - started
     idle = wait_idle(metrics_urls)
     after = server_metrics.scrape_all(metrics_urls, _headers())
-    point = {"users": users, "locust_exit_code": rc, "wall_s": wall, "idle_after": idle,
+    point = {"users": None if rate else users, "rate": rate, "locust_exit_code": rc, "wall_s": wall, "idle_after": idle,
              "files": {"csv_prefix": str(stem), "summary": str(summary_path), "log": f"{stem}_locust.log"}}
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         point |= {k: summary[k] for k in ("requests", "failures", "failure_ratio", "completed", "output_tokens_total",
                                           "output_tok_s", "req_s", "window", "window_s", "duration_s", "model")}
+        point |= {k: summary.get(k) for k in ("slo_met", "slo_met_share", "goodput_req_s", "user_tok_s",
+                                              "dispatch_delay_ms")}
+        if rate:
+            point |= {"max_in_flight": args.max_in_flight, "arrival": args.arrival}
         point |= summary["metrics"]
     point["server"] = server_metrics.point_deltas(before, after)
     point["ok"] = rc == 0 and summary_path.is_file()
@@ -296,7 +375,10 @@ def _fmt_point(p: dict) -> str:
     if not p.get("ok"):
         return f"FAILED ({p.get('error', '?')[:200]})"
     acc = p["server"].get("accept_length")
-    return (f"{p['output_tok_s']:.1f} tok/s, TTFT p50 {p['ttft'].get('p50', float('nan')):.0f} ms, "
+    good = p.get("goodput_req_s")
+    return (f"{p['output_tok_s']:.1f} tok/s, {p['req_s']:.2f} req/s"
+            + (f" (goodput {good:.2f})" if good is not None else "")
+            + f", TTFT p50 {p['ttft'].get('p50', float('nan')):.0f} ms, "
             f"ITL p50 {p['itl'].get('p50', float('nan')):.1f} ms, {p['completed']} done, {p['failures']} failed"
             + (f", accept {acc:.2f}" if acc else ""))
 
@@ -316,12 +398,12 @@ def chosen_workloads(args: argparse.Namespace, workloads: dict[str, Workload]) -
 
 
 def _open(name: str, head: str, urls: dict[str, str], configs: dict[str, dict], overrides: dict[str, dict],
-          out: Path, servers: list) -> tuple[str, list[str] | None]:
-    """(url, metrics urls) of configuration `name`: the --url given, or a server (or fleet) started now and
-    appended to `servers` (the caller stops them)."""
+          out: Path, servers: list, replicas: dict[str, list[str]] | None = None) -> tuple[str, list[str] | None]:
+    """(url, metrics urls) of configuration `name`: the --url given (behind a router: its replicas' metrics), or
+    a server (or fleet) started now and appended to `servers` (the caller stops them)."""
     if name in urls:
         log(f"{head}: using {urls[name]}")
-        return urls[name], None
+        return urls[name], metrics_sources(name, urls[name], replicas or {})
     from harness.server import ManagedFleet, ManagedServer
 
     if "fleet" in overrides[name]:
@@ -342,6 +424,7 @@ def sweep(args: argparse.Namespace) -> int:
     baseline, base, configs, overrides, file_workloads = load_configs(args.config_file, args.base_config)
     workloads = chosen_workloads(args, file_workloads)
     urls = parse_urls(args.url)
+    replicas = parse_replicas(args.replicas)
     names = args.configs or (list(urls) if urls else list(configs))
     unknown = [n for n in names if n not in configs and n not in urls]
     if unknown:
@@ -350,7 +433,11 @@ def sweep(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    metas = {wl: {"started": started, "workload": wl, "users": args.users,
+    loads = args.rates or args.users   # the points: request rates (open loop) or user counts (closed loop)
+    metas = {wl: {"started": started, "workload": wl, "users": None if args.rates else args.users,
+                  "rates": args.rates, "arrival": args.arrival if args.rates else None,
+                  "max_in_flight": args.max_in_flight if args.rates else None, "warmup_s": args.warmup_s,
+                  "slo_ttft_ms": args.slo_ttft or None, "slo_tpot_ms": args.slo_tpot or None,
                   "duration_s": args.duration if args.requests is None else None,
                   "requests": args.requests, "max_tokens": args.max_tokens, **describe_workload(w),
                   "ignore_eos": args.ignore_eos, "warmup": args.warmup, "interleave": args.interleave,
@@ -360,14 +447,18 @@ def sweep(args: argparse.Namespace) -> int:
                               for n in names}}
              for wl, w in workloads.items()}
     points: dict[str, list[dict]] = {wl: [] for wl in workloads}
-    total_points = len(names) * len(workloads) * len(args.users)
+    total_points = len(names) * len(workloads) * len(loads)
     progress = {"done": 0, "failed": 0}
 
-    def measure(name: str, url: str, metrics_urls: list[str] | None, wl: str, users: int, head: str) -> None:
-        where = f"{head}, {wl}, users {users} ({args.users.index(users) + 1}/{len(args.users)})"
+    def measure(name: str, url: str, metrics_urls: list[str] | None, wl: str, load: float, head: str) -> None:
+        what = f"rate {load:g} req/s" if args.rates else f"users {load}"
+        where = f"{head}, {wl}, {what} ({loads.index(load) + 1}/{len(loads)})"
         log(f"{where} ...")
+        users, rate = (None, load) if args.rates else (load, None)
         point = {"config": name, "workload": wl,
-                 **run_point(url, users, args, out / wl / "raw" / name, workloads[wl], metrics_urls)}
+                 **run_point(url, users, args, out / wl / "raw" / name, workloads[wl], metrics_urls, rate)}
+        if metrics_urls and metrics_urls != [url]:
+            point["metrics_from"] = metrics_urls
         points[wl].append(point)
         progress["done"] += 1
         progress["failed"] += not point["ok"]
@@ -389,16 +480,16 @@ def sweep(args: argparse.Namespace) -> int:
             live = {}
             for name in names:
                 try:
-                    live[name] = _open(name, heads[name], urls, configs, overrides, out, servers)
+                    live[name] = _open(name, heads[name], urls, configs, overrides, out, servers, replicas)
                 except (SweepError, RuntimeError) as e:
                     broken(name, heads[name], e)
             for wl in workloads:
-                for ui, users in enumerate(args.users):
+                for ui, load in enumerate(loads):
                     # every configuration in turn at this point, the order reversed on every other point: the
                     # machine's drift over minutes falls on all of them alike
                     order = list(live) if ui % 2 == 0 else list(live)[::-1]
                     for name in order:
-                        measure(name, *live[name], wl, users, heads[name])
+                        measure(name, *live[name], wl, load, heads[name])
         finally:
             for server in servers:
                 server.stop()
@@ -406,10 +497,10 @@ def sweep(args: argparse.Namespace) -> int:
         for name in names:
             servers = []
             try:
-                url, metrics_urls = _open(name, heads[name], urls, configs, overrides, out, servers)
+                url, metrics_urls = _open(name, heads[name], urls, configs, overrides, out, servers, replicas)
                 for wl in workloads:
-                    for users in args.users:
-                        measure(name, url, metrics_urls, wl, users, heads[name])
+                    for load in loads:
+                        measure(name, url, metrics_urls, wl, load, heads[name])
             except (SweepError, RuntimeError) as e:
                 broken(name, heads[name], e)
             finally:
@@ -434,7 +525,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
                    help="use a running server for NAME instead of starting one (repeatable)")
     p.add_argument("--baseline", help="configuration speedups are relative to (default: the file's `baseline:`)")
+    p.add_argument("--replicas", action="append", default=[], metavar="NAME=URL,URL",
+                   help="NAME's --url is a router: read the server-side numbers from these replicas' /metrics "
+                        "(default: the replicas the router's /workers lists, with the admin key in "
+                        f"${ADMIN_KEY_ENV}) (repeatable)")
     p.add_argument("--users", type=int, nargs="+", default=list(DEFAULT_USERS), help="concurrent users per point")
+    p.add_argument("--rates", type=float, nargs="+", default=None, metavar="REQ_S",
+                   help="open loop instead of --users: one point per request rate (requests/s)")
+    p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson",
+                   help="open loop: arrival process (seeded: every configuration gets the same arrival times)")
+    p.add_argument("--max-in-flight", type=int, default=64,
+                   help="open loop: at most this many requests in flight (an arrival beyond waits for one)")
+    p.add_argument("--warmup-s", type=float, default=5.0,
+                   help="open loop: seconds of arrivals sent before the measured ones, not measured")
+    p.add_argument("--slo-ttft", type=float, default=None, metavar="MS",
+                   help="goodput: a request meets its SLO with TTFT <= MS (default: no TTFT limit)")
+    p.add_argument("--slo-tpot", type=float, default=None, metavar="MS",
+                   help="goodput: ... and TPOT <= MS (default: no TPOT limit)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--duration", type=int, default=60, help="seconds of load per point")
     mode.add_argument("--requests", type=int, default=None,
@@ -475,6 +582,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if any(u < 1 for u in args.users) or args.duration < 1 or (args.requests is not None and args.requests < 1):
             raise SweepError("--users, --duration and --requests must be positive")
+        if args.rates is not None and (any(r <= 0 for r in args.rates) or args.max_in_flight < 1
+                                       or args.warmup_s < 0):
+            raise SweepError("--rates and --max-in-flight must be positive, --warmup-s >= 0")
+        if any(x is not None and x <= 0 for x in (args.slo_ttft, args.slo_tpot)):
+            raise SweepError("--slo-ttft and --slo-tpot must be positive milliseconds")
         if args.temperature is not None and args.temperature < 0:
             raise SweepError("--temperature must be >= 0")
         if args.dataset is not None:

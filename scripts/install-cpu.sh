@@ -18,25 +18,28 @@ pip -c requirements/constraints-cpu.txt -r requirements/cpu.txt
 if [[ "${1:-}" == "--test" ]]; then
   echo "[install] test dependencies"
   pip -c requirements/constraints-cpu.txt -r requirements/test.txt
-  # Prometheus + promtool for tests/deploy, from Debian's package. As root (CI) a failure is fatal; otherwise
+  # Prometheus + promtool and Alertmanager (+ amtool) for tests/deploy, from Debian's packages. As root (CI) a
+  # failure is fatal; otherwise
   # it needs passwordless sudo, and without it the deploy tests skip, saying so. In a container the package's
   # service is not started; on a systemd host it is (`systemctl disable --now prometheus` if unwanted).
-  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+      || ! command -v prometheus-alertmanager >/dev/null; then
     apt_install() {
-      "$@" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+      "$@" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+        prometheus-alertmanager >/dev/null \
         || { "$@" apt-get update -qq && "$@" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-             --no-install-recommends prometheus >/dev/null; }
+             --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
     }
     if ! command -v apt-get >/dev/null; then
-      echo "[install] warning: no apt-get here; install prometheus and promtool for tests/deploy" >&2
+      echo "[install] warning: no apt-get here; install prometheus, promtool and alertmanager for tests/deploy" >&2
     elif [[ $(id -u) -eq 0 ]]; then
-      echo "[install] prometheus (Debian package, for tests/deploy)"
+      echo "[install] prometheus, prometheus-alertmanager (Debian packages, for tests/deploy)"
       apt_install
     elif sudo -n true 2>/dev/null; then
-      echo "[install] prometheus (Debian package via sudo, for tests/deploy)"
+      echo "[install] prometheus, prometheus-alertmanager (Debian packages via sudo, for tests/deploy)"
       apt_install sudo -n
     else
-      echo "[install] warning: not root and no passwordless sudo; run 'apt-get install prometheus' for tests/deploy" >&2
+      echo "[install] warning: not root and no passwordless sudo; run 'apt-get install prometheus prometheus-alertmanager' for tests/deploy" >&2
     fi
   fi
 fi

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 INSTALL_HINT = "scripts/install-cpu.sh --test installs it"
+TEST_WEBHOOK = "http://127.0.0.1:9/alerts"  # compose needs a receiver; the alerting test puts its own here
 
 
 def tool(name: str, hint: str = INSTALL_HINT) -> str:
@@ -26,7 +27,7 @@ def tool(name: str, hint: str = INSTALL_HINT) -> str:
 def compose_env(**extra: str) -> dict[str, str]:
     """A clean environment: only what compose needs, so a developer's COMPOSE_* or secrets cannot leak in."""
     keep = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
-    return keep | {"GRAFANA_ADMIN_PASSWORD": "test-only"} | extra
+    return keep | {"GRAFANA_ADMIN_PASSWORD": "test-only", "ALERTMANAGER_WEBHOOK_URL": TEST_WEBHOOK} | extra
 
 
 def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -39,6 +40,18 @@ def compose_config(*profiles: str) -> dict:
     r = compose(*[a for p in profiles for a in ("--profile", p)], "config", "--format", "json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def alertmanager_config(url: str = TEST_WEBHOOK) -> dict:
+    """Alertmanager's config as compose renders it, with ALERTMANAGER_WEBHOOK_URL=url in the environment."""
+    r = compose("config", "--format", "json", env=compose_env(ALERTMANAGER_WEBHOOK_URL=url))
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    (source,) = [c["source"] for c in cfg["services"]["alertmanager"]["configs"]
+                 if c["target"] == "/etc/alertmanager/alertmanager.yml"]
+    import yaml
+
+    return yaml.safe_load(cfg["configs"][source]["content"])
 
 
 def dockerfile_stages() -> dict[str, dict]:

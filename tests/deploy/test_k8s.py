@@ -24,7 +24,8 @@ SERVING = ("base", "multinode-tp")  # the renders with replicas and a router
 # The schemas of Kubernetes 1.32 (the kubectl these tests were written with); the manifests need >= 1.28 (the
 # pod-index label of StatefulSet pods) and use nothing newer.
 K8S_VERSION = "1.32.0"
-CRDS = {"PodMonitor", "ServiceMonitor"}  # monitoring.coreos.com/v1: no bundled schema, checked by hand below
+# monitoring.coreos.com/v1: no bundled schema, checked by hand below
+CRDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 API_KEY_SECRET = ("dflash-serve-api-key", "api-key")
 EXTERNAL_SECRETS = {"dflash-serve-api-key", "hf-token"}  # created by the user (docs/DEPLOYMENT.md), never rendered
 CONFIG_MOUNT = "/etc/dflash-serve"
@@ -546,3 +547,44 @@ def test_servicemonitor_scrapes_the_router(name):
     (job,) = [r["replacement"] for r in ep.get("relabelings", []) if r.get("targetLabel") == "job"]
     assert job == _compose_router_job(router_args(docs).prometheus_port) != _compose_replica_job()[0]
     assert job in _rules_jobs()
+
+
+# ------------------------------------------------------------------------------------------------ rules, dashboards
+def test_the_monitoring_files_are_what_the_generator_writes():
+    from deploy import k8s_monitoring
+
+    for path, text in k8s_monitoring.render().items():
+        assert path.read_text() == text, f"{path} is stale: python -m deploy.k8s_monitoring rewrites it"
+
+
+@pytest.mark.parametrize("name", SERVING)
+def test_the_prometheusrule_is_the_compose_stacks_rules(name, tmp_path):
+    """The Prometheus Operator's PrometheusRule carries deploy/prometheus/rules unchanged, and promtool accepts
+    its groups as a rules file."""
+    (rule,) = kinds(render(name), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule["spec"]) == {"groups"}
+    shipped = [g for f in sorted((REPO / "deploy/prometheus/rules").glob("*.yml"))
+               for g in yaml.safe_load(f.read_text())["groups"]]
+    assert rule["spec"]["groups"] == shipped
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["labels"]["severity"] in ("warning", "critical") for r in alerts)
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    r = subprocess.run([tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", SERVING)
+def test_every_dashboard_is_a_configmap_for_grafanas_sidecar(name):
+    import json
+
+    maps = [m for m in kinds(render(name), "ConfigMap") if m["metadata"].get("labels", {}).get("grafana_dashboard")]
+    files = sorted((REPO / "deploy/grafana/dashboards").glob("*.json"))
+    assert len(maps) == len(files) == 4
+    by_key = {k: v for m in maps for k, v in m["data"].items()}
+    for f in files:
+        assert json.loads(by_key[f"dflash-serve-{f.name}"]) == json.loads(f.read_text()), f.name
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"   # the sidecar's default label and value
+        assert m["metadata"]["namespace"] == "dflash-serve"
+        assert len(json.dumps(m)) < 262144   # kubectl apply's last-applied annotation must hold it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -18,6 +19,7 @@ from tests.deploy.conftest import (
     COMPOSE_FILE,
     DOCKERFILE,
     REPO,
+    alertmanager_config,
     compose,
     compose_config,
     compose_env,
@@ -69,8 +71,9 @@ def recorded_names() -> set[str]:
 
 # ------------------------------------------------------------------------------------------------ compose
 def test_compose_default_is_the_gpu_stack_and_cpu_profile_replaces_it():
-    assert set(compose_config()["services"]) == {"model-fetch", "dflash-serve", "prometheus", "grafana"}
-    assert set(compose_config("cpu")["services"]) == {"dflash-serve-cpu", "prometheus", "grafana"}
+    assert set(compose_config()["services"]) == {"model-fetch", "dflash-serve", "prometheus", "alertmanager",
+                                                 "grafana"}
+    assert set(compose_config("cpu")["services"]) == {"dflash-serve-cpu", "prometheus", "alertmanager", "grafana"}
     r = compose("config", "-q")
     assert r.returncode == 0, r.stderr
 
@@ -83,12 +86,79 @@ def test_compose_refuses_to_start_without_a_grafana_password():
         "${GRAFANA_ADMIN_PASSWORD:?")
 
 
+def test_compose_refuses_to_start_without_an_alert_receiver():
+    """Alerts that go nowhere are no alerts: without ALERTMANAGER_WEBHOOK_URL compose stops with its name."""
+    r = compose("config", "-q", env={k: v for k, v in compose_env().items() if k != "ALERTMANAGER_WEBHOOK_URL"})
+    assert r.returncode != 0 and "ALERTMANAGER_WEBHOOK_URL" in r.stderr
+
+
+def test_alertmanager_posts_every_alert_to_the_operators_webhook(tmp_path):
+    url = "https://hooks.example.net/T000/secret-token"
+    cfg = alertmanager_config(url)
+    receivers = {r["name"]: r for r in cfg["receivers"]}
+    assert receivers[cfg["route"]["receiver"]]["webhook_configs"][0]["url"] == url
+    assert {r["receiver"] for r in cfg["route"].get("routes", [])} <= set(receivers)
+    assert url not in COMPOSE_FILE.read_text()     # from the environment, never committed
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    amtool = shutil.which("amtool")
+    if amtool:   # Debian's prometheus-alertmanager ships it
+        r = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_prometheus_sends_alerts_to_the_stacks_alertmanager():
+    prom = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    (am,) = prom["alerting"]["alertmanagers"]
+    for profile in ((), ("cpu",)):
+        services = compose_config(*profile)["services"]
+        assert am["static_configs"][0]["targets"] == ["alertmanager:9093"] and "alertmanager" in services
+        assert "alertmanager" in services["prometheus"]["depends_on"]
+
+
+def _hosts(services: dict) -> dict[str, str]:
+    """Host name -> the service it reaches on the compose network: service names and network aliases."""
+    out = {}
+    for name, s in services.items():
+        out[name] = name
+        for net in (s.get("networks") or {}).values():
+            out |= dict.fromkeys((net or {}).get("aliases") or [], name)
+    return out
+
+
+@pytest.mark.parametrize("profile", [(), ("cpu",), ("gpu",)])
+def test_every_prometheus_target_is_a_service_of_the_profile_that_loads_it(profile):
+    """No dangling scrape target: every static target (and the Alertmanager) of prometheus.yml names a service
+    (or a network alias of one) that runs in every profile whose Prometheus loads the file; jobs whose targets
+    come and go (file_sd) are written by the services themselves."""
+    services = compose_config(*profile)["services"]
+    loaders = [n for n, s in services.items()
+               if any(v.get("target") == "/etc/prometheus" and Path(v.get("source", "")) == PROM
+                      for v in s.get("volumes", []))]
+    assert loaders == ["prometheus"], loaders
+    hosts = _hosts(services)
+    prom = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    named = [(j["job_name"], t) for j in prom["scrape_configs"] for sc in j.get("static_configs", [])
+             for t in sc["targets"]]
+    named += [("alerting", t) for am in prom["alerting"]["alertmanagers"] for sc in am["static_configs"]
+              for t in sc["targets"]]
+    assert named
+    for job, target in named:
+        host = target.rpartition(":")[0]
+        if host == "localhost":   # Prometheus itself
+            assert job == "prometheus", (job, target)
+            continue
+        assert host in hosts, f"{job}: {target} is no service of profile {profile or '(default)'}"
+    for j in prom["scrape_configs"]:
+        assert j.get("static_configs") or j.get("file_sd_configs"), j["job_name"]
+
+
 def test_no_secret_is_committed():
     env_file = (REPO / ".env").read_text()
     settings = dict(line.split("=", 1) for line in env_file.splitlines() if line and not line.startswith("#"))
     assert settings == {"COMPOSE_PROFILES": "gpu"}
     text = COMPOSE_FILE.read_text()
-    for name in ("GRAFANA_ADMIN_PASSWORD", "DFLASH_SERVE_API_KEY", "HF_TOKEN"):
+    for name in ("GRAFANA_ADMIN_PASSWORD", "DFLASH_SERVE_API_KEY", "HF_TOKEN", "ALERTMANAGER_WEBHOOK_URL"):
         for default in re.findall(r"\$\{" + name + r":?-([^}]*)\}", text):
             assert default == "", f"{name} has a committed default {default!r}"
     # the server's secrets are passed through from the shell (a key without a value), never written down

@@ -135,6 +135,28 @@ def test_locust_through_the_router_reaches_both_replicas(fleet, tmp_path):
     assert all(n > 0 for n in served), f"requests per replica: {served}"
 
 
+def test_the_sweep_behind_the_router_reads_every_replicas_metrics(fleet, tmp_path):
+    """`loadtest.sweep --url` at the router, open loop: the router's own /metrics know no acceptance, so the sweep
+    finds the replicas through the router's /workers (admin key in LOCUST_ADMIN_KEY) and sums their counters,
+    before and after the point."""
+    r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"fleet={fleet.url}", "--workloads", "code",
+                        "--rates", "3", "--duration", "4", "--warmup-s", "1", "--max-tokens", "16", "--warmup", "1",
+                        "--slo-ttft", "60000", "--slo-tpot", "60000", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LOCUST_API_KEY": KEY, "LOCUST_ADMIN_KEY": ADMIN})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "is a router; reading the /metrics of its replicas" in r.stdout
+    (point,) = json.loads((tmp_path / "code" / "results.json").read_text())["points"]
+    assert sorted(point["metrics_from"]) == sorted(fleet.replica_urls)
+    server = point["server"]
+    assert server["metrics"] and server["accept_length"] >= 1 and server["generation_tokens"] > 0
+    assert server["block_size_shares"] and server["position_acceptance"]
+    assert 0 <= server["position_acceptance"]["1"] <= 1
+    assert point["ok"] and point["completed"] == 12 and point["goodput_req_s"] == pytest.approx(point["req_s"])
+    md = (tmp_path / "code" / "report.md").read_text()
+    assert "## Acceptance by draft position" in md and "## Block sizes" in md
+
+
 def _completion(fleet: ManagedFleet, prompt: str) -> str:
     body = json.dumps({"model": "dflash-tiny", "prompt": prompt, "max_tokens": 48, "temperature": 0}).encode()
     req = urllib.request.Request(f"{fleet.url}/v1/completions", body,

@@ -77,6 +77,17 @@ def test_requests_limit_ends_the_run(tmp_path):
     assert summary["requests"] == 3 and summary["failures"] == 3
 
 
+@pytest.mark.parametrize("model", [(), ("--model", "m")])
+def test_an_open_loop_against_a_dead_server_still_ends(tmp_path, model):
+    """Every arrival is spent even when it fails (the model lookup or the request itself): the run ends after
+    warm-up + --requests arrivals, each a failure."""
+    r = locust("-u", "4", "-r", "4", "--rate", "5", "--requests", "3", "--warmup-requests", "1", *model,
+               "--host", f"http://127.0.0.1:{free_port()}", "--summary-file", str(tmp_path / "s.json"), timeout=60)
+    assert r.returncode == 1, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["failures"] == summary["requests"] == 4 and summary["completed"] == 0
+
+
 def _prompt_tokens(server) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in server.metrics().splitlines()
                if line.startswith("sglang:prompt_tokens_total"))
@@ -265,3 +276,52 @@ def test_sweep_runs_the_workloads_that_look_like_users(dflash_server, tmp_path):
     assert heavy["client_tokenize"]["count"] > 0 and "## Client work" in md["code-heavy-client"]
     mixed = json.loads((tmp_path / "mixed" / "results.json").read_text())["points"][0]
     assert mixed["client_tokenize"]["count"] == 0 and "## Client work" not in md["mixed"]   # no client work asked
+
+
+@pytest.mark.server
+def test_open_loop_sends_on_schedule_and_measures_only_after_the_warmup(dflash_server, tmp_path):
+    """--rate 4 --arrival constant: the 8 measured requests leave 0.25 s apart whatever the answers do, after 2
+    warm-up arrivals that are sent (the server counts them) but not measured."""
+    before = _requests_total(dflash_server)
+    r = locust("-u", "8", "-r", "8", "--host", dflash_server.url, "--model", "tiny", "--rate", "4",
+               "--arrival", "constant", "--requests", "8", "--warmup-requests", "2", "--max-tokens", "16",
+               "--slo-ttft", "60000", "--summary-file", str(tmp_path / "s.json"),
+               "--record-file", str(tmp_path / "r.jsonl"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert summary["completed"] == len(records) == 8 and summary["rate"] == 4
+    assert _requests_total(dflash_server) - before == 10
+    sent = sorted(x["sent_s"] for x in records)
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.25, abs=0.05), gaps
+    assert summary["dispatch_delay_ms"]["count"] == 8
+    assert summary["goodput_req_s"] == pytest.approx(summary["req_s"]) and summary["slo_met"] == 8
+
+
+def _requests_total(server) -> float:
+    return sum(float(line.rpartition(" ")[2]) for line in server.metrics().splitlines()
+               if line.startswith("sglang:num_requests_total"))
+
+
+@pytest.mark.server
+def test_sweep_at_request_rates_reports_goodput_and_the_pareto_curve(dflash_server, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "loadtest.sweep", "--url", f"tiny={dflash_server.url}",
+                        "--workloads", "code", "--rates", "1", "2", "--duration", "4", "--warmup-s", "1",
+                        "--max-in-flight", "8", "--max-tokens", "16", "--warmup", "1", "--slo-ttft", "60000",
+                        "--slo-tpot", "1", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "[sweep] config 1/1 tiny, code, rate 2 req/s (2/2)" in r.stdout
+    out = tmp_path / "code"
+    points = json.loads((out / "results.json").read_text())["points"]
+    assert [(p["rate"], p["users"], p["ok"], p["completed"]) for p in points] == [(1, None, True, 4),
+                                                                                 (2, None, True, 8)]
+    for p in points:
+        # TPOT <= 1 ms: no request of a CPU server meets it, so goodput is 0 while throughput is not
+        assert p["goodput_req_s"] == 0 and p["req_s"] > 0 and p["user_tok_s"] > 0
+        assert p["server"]["accept_length"] >= 1
+    md = (out / "report.md").read_text()
+    assert "DFlash serving sweep at request rates" in md and "TPOT ≤ 1 ms" in md and "| tiny | 2 |" in md
+    for name in ("pareto.png", "goodput.png", "throughput.png"):
+        assert (out / name).stat().st_size > 0, name

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from loadtest import make_chat, make_mixed
+from loadtest import make_chat, make_mixed, make_traffic
 from loadtest.dataset import BUNDLED, DatasetError, Request, load_prompts, load_requests
 
 PROMPTS = BUNDLED.parent
@@ -136,3 +136,49 @@ def test_chat_is_256_token_sampled_chats_as_make_chat_writes_it():
     assert len(reqs) == 64 and all(230 <= n <= 282 for n in lengths), lengths
     assert len({json.dumps(r.messages) for r in reqs}) == len(reqs)
     assert {r.temperature for r in reqs} == {1.0} and all(r.messages[0]["role"] == "system" for r in reqs)
+
+
+def _prompt_tokens(reqs) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(make_chat.TOKENIZER))
+    return [len(tok(tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True),
+                    add_special_tokens=False)["input_ids"]) for r in reqs]
+
+
+def test_chat_service_traffic_is_what_make_traffic_writes():
+    for name, rows in make_traffic.build().items():
+        assert (PROMPTS / name).read_text() == make_mixed.render(rows), \
+            f"{name} is stale: python -m loadtest.make_traffic rewrites it"
+
+
+def test_multiturn_conversations_share_one_system_prompt_and_grow_turn_by_turn():
+    rows = [json.loads(x) for x in (PROMPTS / "multiturn.jsonl").read_text().splitlines()]
+    reqs = load_requests(PROMPTS / "multiturn.jsonl")
+    assert {r.messages[0]["content"] for r in reqs} == {make_traffic.SYSTEM}     # prefix-cache hits everywhere
+    by_conv: dict[int, list] = {}
+    for row, r in zip(rows, reqs):
+        by_conv.setdefault(row["conversation"], []).append(r.messages)
+    assert len(by_conv) == 32 and {len(v) for v in by_conv.values()} == {1, 2, 3, 4}
+    for turns in by_conv.values():
+        for earlier, later in zip(turns, turns[1:]):
+            assert later[:len(earlier)] == earlier and later[-1]["role"] == "user"   # the whole conversation so far
+    lengths = _prompt_tokens(reqs)
+    assert min(lengths) > 600 and max(lengths) < 1200
+
+
+def test_long_and_length_mix_prompts_and_answers():
+    long = _prompt_tokens(load_requests(PROMPTS / "long.jsonl"))
+    assert len(long) == 24 and min(long) > 1200 and max(long) < 2500      # room for answers in a 4k context
+    mix = load_requests(PROMPTS / "lengthmix.jsonl")
+    lengths = _prompt_tokens(mix)
+    assert sum(n < 100 for n in lengths) > len(mix) / 2 and sum(n > 1200 for n in lengths) >= 3
+    assert {r.max_tokens for r in mix} == {32, 128, 256}
+
+
+def test_a_line_max_tokens_is_kept_and_checked(tmp_path):
+    (r,) = load_requests(write(tmp_path, {"prompt": "x", "max_tokens": 7}))
+    assert r.max_tokens == 7 and load_requests(write(tmp_path, {"prompt": "x"}))[0].max_tokens is None
+    for bad in (0, 1.5, "8", True):
+        with pytest.raises(DatasetError, match="'max_tokens' must be an integer >= 1"):
+            load_requests(write(tmp_path, {"prompt": "x", "max_tokens": bad}))

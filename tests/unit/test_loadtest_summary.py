@@ -81,3 +81,56 @@ def test_reset_restarts_the_run():
     r.record("a", 1.0, timings())
     r.reset(5.0)
     assert r.started_at == 5.0 and r.completions == [] and r.samples["ttft"] == []
+
+
+# ------------------------------------------------------------------------------------------------ open loop
+def test_poisson_arrivals_are_seeded_and_at_the_rate():
+    from loadtest.arrivals import Schedule
+
+    a, b = Schedule(), Schedule()
+    a.reset(4.0, "poisson", 0)
+    b.reset(4.0, "poisson", 0)
+    times = [a.at(k) for k in range(4000)]
+    assert times == [b.at(k) for k in range(4000)]          # every run: the same arrival times
+    assert times[0] == 0 and all(x < y for x, y in zip(times, times[1:]))
+    assert 4000 / times[-1] == pytest.approx(4.0, rel=0.05)
+    c = Schedule()
+    c.reset(4.0, "constant", 0)
+    assert [c.at(k) for k in range(3)] == [0, 0.25, 0.5]
+
+
+def test_claims_are_in_order_late_when_every_slot_was_busy_and_end_at_the_total():
+    from loadtest.arrivals import Schedule
+
+    s = Schedule()
+    s.reset(2.0, "constant", 3)
+    assert s.claim(100.0) == (0, 0.0)        # the clock starts at the first claim
+    assert s.claim(100.1) == (1, pytest.approx(0.4))
+    assert s.claim(102.0) == (2, pytest.approx(-1.0))   # due at 101: one second late
+    assert s.claim(103.0) is None
+
+
+def test_open_loop_throughput_counts_the_window_of_sends_and_warmup_tokens_in_it():
+    # 1 request/s sent at t = 0..19, each 100 tokens over 2 s (first token at +0.5 s): steady state is exactly
+    # 1 req/s and 100 tok/s; a warm-up request sent at -1 streams into the window
+    r = RunRecorder(started_at=-5.0)
+    r.record_unmeasured(1.0, timings(100, ttft=0.5, e2e=2.0))
+    for t in range(20):
+        r.record("u", t + 2.0, timings(100, ttft=0.5, e2e=2.0))
+    s = r.summary(end=30.0, requests=21, failures=0, users=64, rate=1.0, slo_ttft_ms=400)
+    assert s["window"] == "steady" and s["window_s"] == pytest.approx(19)
+    assert s["req_s"] == pytest.approx(1.0, rel=0.01) and s["output_tok_s"] == pytest.approx(100, rel=0.01)
+    assert s["completed"] == 20 and s["metrics"]["ttft"]["count"] == 20     # the warm-up request: tokens only
+    # TTFT 500 ms > 400: nothing met the SLO; per-user speed: 99 tokens in 1.5 s
+    assert s["slo_met"] == 0 and s["goodput_req_s"] == 0
+    assert s["user_tok_s"] == pytest.approx(66, rel=0.01)
+
+
+def test_goodput_is_the_share_that_met_both_slos():
+    r = RunRecorder(started_at=0.0)
+    r.record("a", 1.0, timings(11, ttft=0.1, e2e=1.0))     # TPOT 90 ms
+    r.record("b", 2.0, timings(11, ttft=0.3, e2e=1.0))     # TTFT 300 ms
+    r.record("c", 3.0, timings(11, ttft=0.1, e2e=2.1))     # TPOT 200 ms
+    g = r.goodput(3.0, slo_ttft_ms=200, slo_tpot_ms=100)
+    assert g["slo_met"] == 1 and g["goodput_req_s"] == pytest.approx(1.0)
+    assert r.goodput(3.0, None, None)["goodput_req_s"] == pytest.approx(3.0)   # no SLO: every request counts

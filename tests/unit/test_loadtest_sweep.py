@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from loadtest import report, server_metrics
+from loadtest import sweep as sweep_mod
 from loadtest.sweep import (DEFAULT_CONFIGS, SweepError, Workload, chosen_workloads, deep_merge, describe_workload,
                             load_configs, main, parse_urls)
 
@@ -42,6 +43,9 @@ def test_shipped_workloads_are_the_two_ends_and_traffic_the_pair_was_not_tuned_o
                          "realcode": Workload(prompts / "realcode.jsonl", 0.0),
                          "mixed": Workload(prompts / "mixed.jsonl", 0.0),
                          "chat": Workload(prompts / "chat.jsonl", 1.0),
+                         "multiturn": Workload(prompts / "multiturn.jsonl", 1.0),
+                         "long": Workload(prompts / "long.jsonl", 0.0),
+                         "lengthmix": Workload(prompts / "lengthmix.jsonl", 1.0),
                          "code-heavy-client": Workload(prompts / "mix.jsonl", 0.0,
                                                        (DEFAULT_CONFIGS.parent.parent / "models/tiny-code/target"
                                                         ).resolve())}
@@ -61,8 +65,8 @@ def _args(**kw):
 
 def test_workload_choice_ad_hoc_or_named():
     shipped = load_configs(DEFAULT_CONFIGS).workloads
-    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose", "realcode", "mixed", "chat",
-                                                       "code-heavy-client"]
+    assert list(chosen_workloads(_args(), shipped)) == ["code", "prose", "realcode", "mixed", "chat", "multiturn",
+                                                       "long", "lengthmix", "code-heavy-client"]
     assert list(chosen_workloads(_args(workloads=["prose"]), shipped)) == ["prose"]
     assert chosen_workloads(_args(temperature=0.7), shipped) == {"custom": Workload(None, 0.7)}
     with pytest.raises(SweepError, match=r"unknown workload\(s\) \['nope'\]"):
@@ -246,3 +250,72 @@ def test_a_fleets_metrics_are_its_replicas_summed(monkeypatch):
     assert server_metrics.total(both, "sglang:num_requests_total") == 7
     assert not server_metrics.is_idle(both) and server_metrics.is_idle(server_metrics.scrape_all(["a", "gone"]))
     assert server_metrics.scrape_all(["gone"]) is None
+
+
+def test_position_acceptance_is_the_fleets_accepted_over_tried_per_position():
+    text = ("# TYPE dflash_tried_tokens_by_position_total counter\n"
+            'dflash_tried_tokens_by_position_total{{model_name="m",position="1"}} {t1}\n'
+            'dflash_tried_tokens_by_position_total{{model_name="m",position="2"}} {t2}\n'
+            "# TYPE dflash_accepted_tokens_by_position_total counter\n"
+            'dflash_accepted_tokens_by_position_total{{model_name="m",position="1"}} {a1}\n'
+            'dflash_accepted_tokens_by_position_total{{model_name="m",position="2"}} {a2}\n')
+    before = server_metrics.parse(text.format(t1=10, t2=5, a1=5, a2=1))
+    after_a = server_metrics.parse(text.format(t1=110, t2=85, a1=85, a2=41))
+    # a second replica, summed as scrape_all sums it
+    after = {k: v + server_metrics.parse(text.format(t1=100, t2=0, a1=0, a2=0))[k] for k, v in after_a.items()}
+    before2 = {k: v + server_metrics.parse(text.format(t1=0, t2=0, a1=0, a2=0))[k] for k, v in before.items()}
+    assert server_metrics.position_acceptance(before2, after) == pytest.approx({"1": 80 / 200, "2": 40 / 80})
+    assert server_metrics.point_deltas(before2, after)["position_acceptance"] == pytest.approx(
+        {"1": 0.4, "2": 0.5})
+
+
+def test_behind_a_router_the_sweep_reads_the_replicas(monkeypatch):
+    """A --url whose /metrics are SGLang's is read itself; a router's replicas come from --replicas or its
+    /workers list, the unreachable ones left out; with neither, the url (and a warning)."""
+    sglang = server_metrics.parse("sglang:num_running_reqs 0\n")
+    monkeypatch.setattr(server_metrics, "scrape", lambda url, headers=None, timeout=30:
+                        sglang if url in ("http://server", "http://r1", "http://r2") else None)
+    monkeypatch.setattr(sweep_mod, "router_workers", lambda url, timeout=10:
+                        ["http://r1", "http://r2", "http://gone"] if url == "http://router" else [])
+    assert sweep_mod.metrics_sources("s", "http://server", {}) == ["http://server"]
+    assert sweep_mod.metrics_sources("f", "http://router", {}) == ["http://r1", "http://r2"]
+    assert sweep_mod.metrics_sources("f", "http://router", {"f": ["http://x"]}) == ["http://x"]
+    assert sweep_mod.metrics_sources("f", "http://nothing", {}) == ["http://nothing"]
+    assert sweep_mod.parse_replicas(["f=http://a:1/,http://b:2"]) == {"f": ["http://a:1", "http://b:2"]}
+    with pytest.raises(SweepError, match="NAME=http"):
+        sweep_mod.parse_replicas(["f=a:1"])
+
+
+def _rate_point(config: str, rate: float, tok_s: float, user: float, good: float) -> dict:
+    return _point(config, 0, tok_s) | {"users": None, "rate": rate, "goodput_req_s": good, "slo_met_share": 0.5,
+                                       "user_tok_s": user, "req_s": 2 * good,
+                                       "dispatch_delay_ms": {"count": 10, "p99": 0.0},
+                                       "server": {"accept_length": 3.0, "position_acceptance": {"1": 0.9, "2": 0.7}}}
+
+
+def test_report_at_request_rates_has_goodput_and_the_pareto_curve(tmp_path):
+    points = [_rate_point("no-spec", 1, 50, 30, 1.0), _rate_point("no-spec", 3, 120, 20, 1.5),
+              _rate_point("dflash-b16", 1, 55, 60, 1.0), _rate_point("dflash-b16", 3, 150, 40, 2.5)]
+    meta = {"started": "t0", "finished": "t1", "baseline": "no-spec", "duration_s": 20, "warmup": 2,
+            "max_tokens": 128, "temperature": 0, "dataset": "bundled mix", "cpu_count": 2, "rates": [1, 3],
+            "arrival": "poisson", "max_in_flight": 64, "warmup_s": 5, "slo_ttft_ms": 2000, "slo_tpot_ms": 100,
+            "configs": {}}
+    report.write_results(tmp_path, meta, points)
+    names = {p.name for p in report.write_report(tmp_path)}
+    assert {"pareto.png", "goodput.png", "throughput.png", "report.md"} <= names
+    md = (tmp_path / "report.md").read_text()
+    assert "TTFT ≤ 2000 ms and TPOT ≤ 100 ms" in md and "poisson arrivals" in md
+    sent = report.sent_rate(meta, points[3])
+    assert sent and sent != 3      # the seeded draw of 60 arrivals, not the nominal rate
+    assert f"| dflash-b16 | 3 | {sent:.2f} | 5.00 | 2.50 | 50% | 150.0 | 1.25× | 40.0 |" in md
+    assert "## Acceptance by draft position" in md and "| dflash-b16 | 3 | 0.90 | 0.70 |" in md
+    assert "| req/s | dflash-b16 |" in md                   # the speedup table's axis
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert rows[3]["rate"] == "3" and float(rows[3]["goodput_req_s"]) == 2.5
+
+
+def test_rates_and_slos_are_checked(tmp_path, capsys):
+    assert main(["--rates", "0", "--out", str(tmp_path)]) == 2
+    assert "--rates and --max-in-flight must be positive" in capsys.readouterr().err
+    assert main(["--rates", "1", "--slo-ttft", "-1", "--out", str(tmp_path)]) == 2
+    assert "--slo-ttft and --slo-tpot must be positive" in capsys.readouterr().err
