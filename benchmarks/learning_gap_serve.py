@@ -22,7 +22,9 @@ from learning_ab import window
 from dflash_models.learn import swap
 ADMIN_ENV, ADMIN = "DFLASH_EXP_ADMIN", "exp-admin-key"
 os.environ[ADMIN_ENV] = ADMIN
-out = Path(os.environ.get("GAP_DIR", "/tmp/learning_gap")); cand = Path(sys.argv[1]); which = sys.argv[2]; algo = sys.argv[3] if len(sys.argv) > 3 else "dflash_adaptive"
+out = Path(os.environ.get("GAP_DIR", "/tmp/learning_gap"))
+cand, which = Path(sys.argv[1]), sys.argv[2]
+algo = sys.argv[3] if len(sys.argv) > 3 else "dflash_adaptive"
 N = int(os.environ.get("EXP_N", "64"))
 while not (out / "orig_eval.pt").exists(): time.sleep(5)  # written by learning_gap_offline.py
 time.sleep(2)
@@ -34,10 +36,10 @@ cfg["model"]["path"] = str(REPO / "models/tiny-code/target")
 cfg["speculative"]["draft_model_path"] = str(REPO / "models/tiny-code/drafter") if which == "swap" else str(cand)
 cfg["speculative"]["algorithm"] = algo
 cfg["server"] |= {"admin_api_key_env": ADMIN_ENV, "cpu_threads": 1, "max_running_requests": 16}
-H = {"Authorization": f"Bearer {ADMIN}"}
 
 def gen(s, p):
-    return http_json(f"{s.url}/generate", {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 96}}, timeout=900)
+    body = {"input_ids": p, "sampling_params": {"temperature": 0, "max_new_tokens": 96}}
+    return http_json(f"{s.url}/generate", body, timeout=900)
 
 def phase(s, label):
     b = server_metrics.scrape(f"{s.url}/metrics"); t = time.time()
@@ -46,16 +48,18 @@ def phase(s, label):
     a = server_metrics.scrape(f"{s.url}/metrics")
     w = window(b, a, time.time() - t)
     from learning_ab import _by_position
-    ta=_by_position(a,"dflash_tried_tokens_by_position_total"); tb=_by_position(b,"dflash_tried_tokens_by_position_total")
-    aa=_by_position(a,"dflash_accepted_tokens_by_position_total"); ab=_by_position(b,"dflash_accepted_tokens_by_position_total")
-    w["tried"]=[int(ta[k]-tb.get(k,0)) for k in sorted(ta)]; w["p"]=[round((aa.get(k,0)-ab.get(k,0))/max(1,ta[k]-tb.get(k,0)),3) for k in sorted(ta)]
+    ta, tb = (_by_position(x, "dflash_tried_tokens_by_position_total") for x in (a, b))
+    aa, ab = (_by_position(x, "dflash_accepted_tokens_by_position_total") for x in (a, b))
+    w["tried"] = [int(ta[k] - tb.get(k, 0)) for k in sorted(ta)]
+    w["p"] = [round((aa.get(k, 0) - ab.get(k, 0)) / max(1, ta[k] - tb.get(k, 0)), 3) for k in sorted(ta)]
     w["label"] = label; w["seconds"] = round(time.time() - t, 1)
     w["cached_tokens"] = sum(o["meta_info"].get("cached_tokens", 0) for o in outs)
     print(json.dumps(w), flush=True)
     return w, [o["output_ids"] for o in outs]
 
 res = []
-with ManagedServer(cfg, out / "srv", f"{which}_{algo}{os.environ.get('EXP_FULL', '')}", env={ADMIN_ENV: ADMIN, **({"DFLASH_SERVE_FULL_DRAFTS": "1"} if os.environ.get("EXP_FULL") else {})}, cwd=REPO) as s:
+env = {ADMIN_ENV: ADMIN, **({"DFLASH_SERVE_FULL_DRAFTS": "1"} if os.environ.get("EXP_FULL") else {})}
+with ManagedServer(cfg, out / "srv", f"{which}_{algo}{os.environ.get('EXP_FULL', '')}", env=env, cwd=REPO) as s:
     if which == "swap":
         w, o0 = phase(s, "static"); res.append(w)
         base_url = s.url
@@ -64,7 +68,9 @@ with ManagedServer(cfg, out / "srv", f"{which}_{algo}{os.environ.get('EXP_FULL',
         swap._post(f"{base_url}/begin_weight_update", {"selector": "draft"}, ADMIN, 60)
         enc = swap.payloads(cand)
         for i, c in enumerate(enc):
-            r = swap._post(f"{base_url}/update_weights_from_tensor", {"serialized_named_tensors": [c], "selector": "draft", "flush_cache": False, "weight_version": "cand" if i == len(enc) - 1 else None}, ADMIN, 60)
+            body = {"serialized_named_tensors": [c], "selector": "draft", "flush_cache": False,
+                    "weight_version": "cand" if i == len(enc) - 1 else None}  # as swap.push, without the flush
+            r = swap._post(f"{base_url}/update_weights_from_tensor", body, ADMIN, 60)
             assert r.get("success"), r
         swap._post(f"{base_url}/end_weight_update", {}, ADMIN, 60)
         swap._post(f"{base_url}/continue_generation", {}, ADMIN, 60)

@@ -22,6 +22,8 @@ def test_the_block_figure_names_the_positions_it_sums():
     zero = _snap([0] * 4, [0] * 4)
     full = window(zero, _snap([100, 80, 60, 50], [80, 60, 50, 40]), 1.0)
     assert full["block_positions"] == 4
-    assert abs(full["drafter_block_acceptance"] - (1 + .8 + .8 * .75 + .8 * .75 * 50 / 60 + .8 * .75 * 50 / 60 * .8)) < 1e-3
+    p = [.8, .75, 50 / 60, .8]
+    assert abs(full["drafter_block_acceptance"] - (1 + p[0] + p[0] * p[1] + p[0] * p[1] * p[2]
+                                                   + p[0] * p[1] * p[2] * p[3])) < 1e-3
     cut = window(zero, _snap([100, 80, 0, 0], [80, 60, 0, 0]), 1.0)  # the deep positions never tried
     assert cut["block_positions"] == 2 and abs(cut["drafter_block_acceptance"] - (1 + .8 + .8 * .75)) < 1e-3
