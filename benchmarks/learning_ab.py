@@ -109,12 +109,16 @@ def window(before: dict, after: dict, seconds: float, min_tried: int = 20) -> di
     tri_a, tri_b = (_by_position(s, "dflash_tried_tokens_by_position_total") for s in (before, after))
     # Positions tried fewer than `min_tried` times end the sum (their share is the product of every earlier p_j:
     # small where few drafts reach them); the first position must have its tries.
-    block, run, ok = 1.0, 1.0, False
+    # The sum is the full block's only where every position was tried: the adaptive controller reaches the deep
+    # positions only at wide widths, and right after a drafter swap (its acceptance priors reset) it may serve
+    # narrower widths for a while -- then the sum stops early and reads low whatever the drafter. `block_positions`
+    # says how many positions it holds: two figures are comparable only at the same count.
+    block, run, ok, depth = 1.0, 1.0, False, 0
     for k in sorted(tri_b):
         tried = tri_b[k] - tri_a.get(k, 0.0)
         if tried < min_tried:
             break
-        ok = True
+        ok, depth = True, depth + 1
         run *= (acc_b.get(k, 0.0) - acc_a.get(k, 0.0)) / tried
         block += run
     if steps:
@@ -123,6 +127,7 @@ def window(before: dict, after: dict, seconds: float, min_tried: int = 20) -> di
         calls = d("sglang:spec_verify_calls_total")
         served = round(d("sglang:generation_tokens_total") / calls, 3) if calls else None
     return {"acceptance": served, "drafter_block_acceptance": round(block, 3) if ok else None,
+            "block_positions": depth,
             "tokens_per_s": round(d("sglang:generation_tokens_total") / seconds, 1),
             "swaps": int(server_metrics.total(after, "dflash_drafter_swaps_total") or 0)}
 
