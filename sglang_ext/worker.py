@@ -354,12 +354,12 @@ class AdaptiveDFlashWorker(DFlashWorkerV2):
         parameters. The draft KV already written for running requests and cached prefixes is kept, neither rebuilt
         (the target's hidden states it came from are gone) nor invalidated: the next drafts of those requests read a
         context the old drafter wrote; every draft is still verified by the target, so the output is unchanged
-        (tests/integration/test_learning.py). The controller's acceptance priors start again from the flat
-        prior."""
+        (tests/integration/test_learning.py). The controller keeps the old drafter's acceptance as a light prior
+        (BlockSizeController.drafter_changed)."""
         if getattr(self, "_fused_kv_helper", None) is not None:
             self._init_fused_kv_helper()
         self.loop.drafter_swapped(version)
-        logger.info("dflash-serve: drafter weights replaced (version %s); acceptance priors reset", version)
+        logger.info("dflash-serve: drafter weights replaced (version %s); acceptance priors softened", version)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.loop.request_finished(rid)

@@ -86,11 +86,12 @@ class AcceptanceStats:
         self.slot_class[slots] = 0
         self.version += 1
 
-    def forget_global(self) -> None:
-        """Drop every class's global counts (back to the flat prior): the drafter they described was replaced.
-        Per-request counts stay: a running request keeps drafting from the context its old drafter wrote."""
+    def soften_global(self, steps: float) -> None:
+        """Keep every class's global estimate at the weight of ``steps`` observations at most (ClassPriors.shrink):
+        the drafter it described was replaced by one close to it. Per-request counts stay: a running request keeps
+        drafting from the context its old drafter wrote."""
         self.flush_decay()
-        self.priors.forget()
+        self.priors.shrink(steps)
         self.version += 1
 
     def set_classes(self, slots: np.ndarray, classes: np.ndarray) -> None:

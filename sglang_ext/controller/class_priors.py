@@ -21,10 +21,12 @@ Contract:
     p_j = (a_j + s0*p_{j-1}) / (n_j + s0). Why: far positions are rarely tried (only after j-1 acceptances), so their
     prior should be their neighbour's estimate, not a flat m0 (which overstated long blocks on chat).
   * ``prior_counts_t(k)`` -> [J, classes]: k * p, position-major, the pseudo-counts a request's estimate adds.
-  * ``forget()`` drops every class's counts (back to the flat prior).
+  * ``shrink(steps)`` keeps each class's estimate
+    but scales its counts down to at most ``steps`` tries of position 1, so that so many steps of new evidence
+    weigh as much as all the old.
   * The owner (AcceptanceStats) applies its deferred per-step decay before it calls any of these.
 
-Invariants: 0 <= p <= 1; ``p()`` and ``prior_counts_t`` are cached until the next ``add`` or ``forget`` (callers must
+Invariants: 0 <= p <= 1; ``p()`` and ``prior_counts_t`` are cached until the next ``add`` or ``shrink`` (callers must
 not write into them); pure numpy.
 """
 
@@ -89,10 +91,12 @@ class ClassPriors:
                 added += 1
         return added
 
-    def forget(self) -> None:
-        """Drop every class's counts: each class's estimate is the flat chained prior again."""
-        self.a[:] = 0.0
-        self.n[:] = 0.0
+    def shrink(self, steps: float) -> None:
+        """Scale each class's counts to at most ``steps`` tries of position 1 (its ratios a_j / n_j kept)."""
+        tried = self.n[:, :1]
+        scale = np.where(tried > steps, steps / np.maximum(tried, 1e-12), 1.0)
+        self.a *= scale
+        self.n *= scale
         self._p = self._kp_t = None
 
     def p(self) -> np.ndarray:

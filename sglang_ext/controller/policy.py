@@ -57,6 +57,13 @@ from .ragged_overlay import RaggedOverlay
 from .request_state import PRIOR_CLASSES, RequestState, calibrated_widths
 from .width_rule import Choice, WidthRule
 
+# What the replaced drafter's acceptance is worth as the prior of the one swapped in: as many observations (a request's
+# verified step or resolved block) per class. Why:
+# a promoted drafter is the old one fine-tuned, and the gate found it within a few percent of it on the original mix;
+# started from the flat prior instead, the controller served widths up to 8 after a swap while both drafters accept
+# several more tokens a step at the full block (docs/BENCHMARKS.md, learning: where the gate and serving part).
+SWAPPED_PRIOR_STEPS = 8.0
+
 __all__ = ["PRIOR_CLASSES", "BlockSizeController", "Decision", "calibrated_widths"]
 
 
@@ -143,9 +150,10 @@ class BlockSizeController:
         self._synced_at = 0  # steps_observed at the last cost-table sync
 
     def drafter_changed(self) -> None:
-        """The drafter was hot-swapped: its global acceptance priors no longer hold (AcceptanceStats.forget_global);
-        the cost table does (a step costs the same whatever the weights)."""
-        self.stats.forget_global()
+        """The drafter was hot-swapped: its global acceptance estimates become priors worth SWAPPED_PRIOR_STEPS
+        observations (AcceptanceStats.soften_global), so the new drafter's own acceptance outweighs them within a
+        few steps; the cost table stays (a step costs the same whatever the weights)."""
+        self.stats.soften_global(SWAPPED_PRIOR_STEPS)
 
     # -- decision ---------------------------------------------------------------------------------------------
     def decide(self, request_ids: Sequence[Hashable], trees: bool = True,

@@ -193,27 +193,36 @@ def test_the_gate_refuses_a_randomly_perturbed_drafter(tmp_path):
                        margin=0.05, max_original_loss=0.05).promote is False  # the same drafter gains nothing
 
 
-def test_a_drafter_swap_resets_the_controllers_acceptance_priors():
-    """What the old drafter accepted no longer prices the widths: after drafter_changed the global curve is the
-    flat prior's again (a fresh controller's), while the cost table stays."""
+def test_a_drafter_swap_keeps_the_old_acceptance_only_as_a_light_prior():
+    """After drafter_changed the old drafter's curve is where the widths start (a promoted drafter is the old one
+    fine-tuned), but worth only SWAPPED_PRIOR_STEPS observations: the new drafter's own acceptance outweighs it
+    within a few steps, where the old counts would have held the estimate for hundreds. The cost table stays."""
     import numpy as np
 
     from sglang_ext.controller.config import ControllerConfig
     from sglang_ext.controller.cost_model import CostModel
-    from sglang_ext.controller.policy import BlockSizeController
+    from sglang_ext.controller.policy import SWAPPED_PRIOR_STEPS, BlockSizeController
 
     def controller():
         cfg = ControllerConfig()
         return BlockSizeController(cfg, CostModel.default(cfg.candidates_for(16)), max_block=16)
 
-    fresh, ctrl = controller(), controller()
-    for _ in range(50):
-        ctrl.observe_step(["a", "b"], 16, np.array([15, 15]), None, [[7] * 16, [7] * 16])
-    assert not np.allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
-    table = ctrl.cost_model.table.copy()
-    ctrl.drafter_changed()
-    np.testing.assert_allclose(ctrl.acceptance_probabilities(), fresh.acceptance_probabilities())
-    np.testing.assert_array_equal(ctrl.cost_model.table, table)
+    def observe(c, accepted: int, steps: int) -> None:
+        for _ in range(steps):
+            c.observe_step(["a", "b"], 16, np.array([accepted, accepted]), None, [[7] * (accepted + 1)] * 2)
+
+    fresh, swapped, kept = controller(), controller(), controller()
+    for c in (swapped, kept):
+        observe(c, 15, 50)  # the old drafter: every draft accepted
+    table = swapped.cost_model.table.copy()
+    swapped.drafter_changed()
+    assert SWAPPED_PRIOR_STEPS <= 16
+    p = swapped.acceptance_probabilities()
+    assert p[0] > 0.8 > fresh.acceptance_probabilities()[0]  # still the old drafter's, not the flat prior's
+    np.testing.assert_array_equal(swapped.cost_model.table, table)
+    for c in (swapped, kept):
+        observe(c, 0, 8)  # the new drafter: nothing accepted
+    assert swapped.acceptance_probabilities()[0] < 0.5 < kept.acceptance_probabilities()[0]
 
 
 def test_the_learner_exposes_its_progress_on_its_own_registry():
