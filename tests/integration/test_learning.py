@@ -196,7 +196,8 @@ def test_sampled_output_keeps_plain_distribution_while_the_drafter_is_swapped(le
     requests paused in place around each swap): the samples keep plain decoding's distribution --
     tests/integration/test_lossless.py's statistic, samples and ALPHA (false failures <= 2e-3 per run)."""
     from tests.conftest import PROMPTS
-    from tests.integration.test_lossless import ALPHA, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue
+    from tests.integration.test_lossless import ALPHA, SAMPLES, _sample_tokens
+    from tests.sampling_stats import marginal_pvalue
 
     server = learning["server"]
     ids = tokenizer(PROMPTS[2])["input_ids"]
@@ -224,6 +225,6 @@ def test_sampled_output_keeps_plain_distribution_while_the_drafter_is_swapped(le
     assert sum(accept) / len(accept) > 1.02, "no draft accepted: verification was not exercised"
     base, _ = _sample_tokens(plain_server, ids, SAMPLES)
     for pos in (1, 2):
-        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        p = marginal_pvalue([s[pos] for s in spec], [b[pos] for b in base])
         assert p > ALPHA, f"token {pos + 1} distribution differs from plain decoding's across swaps (p={p:.2e})"
     assert server.proc.poll() is None
