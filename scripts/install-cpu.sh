@@ -42,6 +42,15 @@ if [[ "${1:-}" == "--test" ]]; then
       echo "[install] warning: not root and no passwordless sudo; run 'apt-get install prometheus prometheus-alertmanager' for tests/deploy" >&2
     fi
   fi
+  # kubectl >= 1.27 (kustomize v5 built in) renders deploy/k8s for tests/deploy/test_k8s.py. No PyPI or Debian
+  # package installs one (Debian's kubernetes-client is 1.20), so it is not installed here: said loudly instead, and in
+  # CI (CI=true) those tests fail without it rather than skip.
+  kubectl_version=$(kubectl version --client 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\)\..*/\1 \2/p' | head -1 || true)
+  found=${kubectl_version/ /.}
+  if [[ -z "$kubectl_version" ]] || (( ${kubectl_version% *} == 1 && ${kubectl_version#* } < 27 )); then
+    echo "[install] WARNING: no kubectl >= 1.27 on PATH (found: ${found:-none}); install it" \
+         "(https://kubernetes.io/docs/tasks/tools/) or tests/deploy/test_k8s.py skips, and fails under CI=true" >&2
+  fi
 fi
 # timm (an optional sglang import) drags in a CUDA torchvision; the CPU layer stubs torchvision instead.
 "$PY" -m pip uninstall -y -q torchvision 2>/dev/null || true

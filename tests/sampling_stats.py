@@ -8,6 +8,11 @@ sample stays itself, any other becomes OTHER. The coarsened triples of two sampl
 are compared with Pearson's chi-square test of homogeneity on a 2 x K table: every coarsened triple seen at least
 MIN_CELL times in the pooled sample is a cell, the rest are pooled into one. Reject at ALPHA. The coarsening is a
 fixed function of the pooled sample, symmetric in the two arms, so equal distributions stay equal.
+
+A comparison that could not tell two distributions apart whatever they were is refused (UninformativeTest), not
+passed: fewer than MIN_CELLS cells in its table, or less than MIN_MASS of the pooled sample in resolved cells that
+keep a token (the rest is one pooled cell that says nothing about which tokens were drawn). ``marginal_pvalue`` is
+the same test on single tokens (tests/integration/test_lossless.py: a position's marginal), with the same refusal.
 """
 from __future__ import annotations
 
@@ -21,6 +26,20 @@ MIN_CELL = 5
 N_PER_ARM = 800
 TOP_PER_POSITION = 4
 OTHER = -1
+MIN_CELLS = 2     # a table of one cell has no degrees of freedom
+MIN_MASS = 0.05   # least share of the pooled sample in resolved, informative cells
+
+
+class UninformativeTest(AssertionError):
+    """The samples resolve too little to compare: a test that would pass whatever the distributions were."""
+
+
+def _refuse_uninformative(cells: int, mass: float) -> None:
+    if cells < MIN_CELLS:
+        raise UninformativeTest(f"{cells} cell(s) in the table: nothing to tell apart (at least {MIN_CELLS})")
+    if mass < MIN_MASS:
+        raise UninformativeTest(f"informative mass {mass:.3f} below {MIN_MASS}: the resolved cells hold too little "
+                                "of the samples to compare")
 
 
 def coarsen(a: Sequence[tuple], b: Sequence[tuple]) -> tuple[list[tuple], list[tuple]]:
@@ -44,6 +63,9 @@ def informative_mass(a: Sequence[tuple], b: Sequence[tuple]) -> float:
 
 
 def homogeneity_pvalue(a: Sequence[tuple], b: Sequence[tuple]) -> float:
+    """Pearson's chi-square p-value of the coarsened triples of `a` and `b`; UninformativeTest when the table has
+    fewer than MIN_CELLS cells or an informative mass below MIN_MASS."""
+    mass = informative_mass(a, b)
     a, b = coarsen(a, b)
     ca, cb = Counter(a), Counter(b)
     pooled = ca + cb
@@ -54,9 +76,23 @@ def homogeneity_pvalue(a: Sequence[tuple], b: Sequence[tuple]) -> float:
     if rest_a + rest_b > 0:
         table[0].append(rest_a)
         table[1].append(rest_b)
-    if len(table[0]) < 2:
-        return 1.0  # one outcome only: nothing to tell apart
+    _refuse_uninformative(len(table[0]), mass)
     return float(chi2_contingency(table, correction=False).pvalue)
+
+
+def marginal_pvalue(a: Sequence[int], b: Sequence[int]) -> float:
+    """Chi-square p-value of two samples of single tokens: every token drawn at least 2 x MIN_CELL times in the pooled
+    sample is a cell, the rest one pooled cell (every expected count >= MIN_CELL at equal arm sizes).
+    UninformativeTest when fewer than MIN_CELLS cells remain or the tokens' own cells hold less than MIN_MASS."""
+    ca, cb = Counter(a), Counter(b)
+    pooled = ca + cb
+    keys = sorted((k for k, n in pooled.items() if n >= 2 * MIN_CELL), key=lambda k: -pooled[k])
+    rows = [[ca[k], cb[k]] for k in keys]
+    other = [len(a) - sum(ca[k] for k in keys), len(b) - sum(cb[k] for k in keys)]
+    if sum(other):
+        rows.append(other)
+    _refuse_uninformative(len(rows), sum(pooled[k] for k in keys) / max(1, len(a) + len(b)))
+    return float(chi2_contingency(rows).pvalue)
 
 
 def min_p_violations(scorer_url: str, prompt_ids: list[int], output_ids: list[int], min_p: float) -> int:

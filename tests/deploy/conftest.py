@@ -17,10 +17,31 @@ INSTALL_HINT = "scripts/install-cpu.sh --test installs it"
 TEST_WEBHOOK = "http://127.0.0.1:9/alerts"  # compose needs a receiver; the alerting test puts its own here
 
 
-def tool(name: str, hint: str = INSTALL_HINT) -> str:
+def required() -> bool:
+    """CI (CI=true, as CI runs the suite) or DFLASH_DEPLOY_TOOLS_REQUIRED=1: a missing deployment tool fails the
+    tests that need it instead of skipping them -- the installer puts every one of them there, so a skip in CI is a
+    broken install, not a developer's machine without the tool."""
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("CI", "DFLASH_DEPLOY_TOOLS_REQUIRED"))
+
+
+def missing(why: str) -> None:
+    """Skip, or fail where the tools are required (required())."""
+    if required():
+        pytest.fail(f"{why}; required here (CI or DFLASH_DEPLOY_TOOLS_REQUIRED)", pytrace=False)
+    pytest.skip(why)
+
+
+def tool(name: str, hint: str = INSTALL_HINT, min_version: tuple[int, int] | None = None,
+         version_args: tuple[str, ...] = ("version", "--client")) -> str:
+    """The tool's path on PATH; ``min_version``: (major, minor) its ``version_args`` output must show at least."""
     path = shutil.which(name)
     if not path:
-        pytest.skip(f"{name} not found on PATH ({hint})")
+        missing(f"{name} not found on PATH ({hint})")
+    if min_version is not None:
+        out = subprocess.run([path, *version_args], capture_output=True, text=True, timeout=60).stdout
+        found = re.search(r"v?(\d+)\.(\d+)\.", out)
+        if not found or (int(found[1]), int(found[2])) < min_version:
+            missing(f"{name} at {path} is not >= {'.'.join(map(str, min_version))} ({out.strip()[:80]!r}; {hint})")
     return path
 
 

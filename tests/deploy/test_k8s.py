@@ -36,7 +36,7 @@ REPLICA = {"app.kubernetes.io/name": "dflash-serve", "app.kubernetes.io/componen
 # ------------------------------------------------------------------------------------------------ helpers
 @functools.cache
 def _render(name: str) -> tuple[dict, ...]:
-    r = subprocess.run([tool("kubectl", "kubectl >= 1.27 (kustomize built in)"), "kustomize",
+    r = subprocess.run([tool("kubectl", "kubectl >= 1.27 (kustomize built in)", min_version=(1, 27)), "kustomize",
                         str(K8S / KUSTOMIZATIONS[name])], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return tuple(d for d in yaml.safe_load_all(r.stdout) if d)

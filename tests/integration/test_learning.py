@@ -196,7 +196,8 @@ def test_sampled_output_keeps_plain_distribution_while_the_drafter_is_swapped(le
     requests paused in place around each swap): the samples keep plain decoding's distribution --
     tests/integration/test_lossless.py's statistic, samples and ALPHA (false failures <= 2e-3 per run)."""
     from tests.conftest import PROMPTS
-    from tests.integration.test_lossless import ALPHA, SAMPLES, _sample_tokens, _two_sample_chi2_pvalue
+    from tests.integration.test_lossless import ALPHA, SAMPLES, _sample_tokens
+    from tests.sampling_stats import marginal_pvalue
 
     server = learning["server"]
     ids = tokenizer(PROMPTS[2])["input_ids"]
@@ -224,6 +225,44 @@ def test_sampled_output_keeps_plain_distribution_while_the_drafter_is_swapped(le
     assert sum(accept) / len(accept) > 1.02, "no draft accepted: verification was not exercised"
     base, _ = _sample_tokens(plain_server, ids, SAMPLES)
     for pos in (1, 2):
-        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        p = marginal_pvalue([s[pos] for s in spec], [b[pos] for b in base])
         assert p > ALPHA, f"token {pos + 1} distribution differs from plain decoding's across swaps (p={p:.2e})"
     assert server.proc.poll() is None
+
+
+def _faulty(src: Path, out: Path, fault: str) -> Path:
+    """The bundled drafter with one fault: a NaN or an Inf in one weight, or one weight of the wrong shape."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = load_file(str(src / "model.safetensors"))
+    name = sorted(k for k, v in sd.items() if v.dim() == 2)[-1]  # the last chunk's: earlier chunks load first
+    if fault == "wrong_shape":
+        sd[name] = torch.zeros(sd[name].shape[0] + 1, sd[name].shape[1], dtype=sd[name].dtype)
+    else:
+        sd[name] = sd[name].clone()
+        sd[name].view(-1)[7] = float("nan") if fault == "nan" else float("inf")
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("fault", ["nan", "inf", "wrong_shape"])
+def test_a_faulty_drafter_is_refused_and_serving_goes_on_unchanged(learning, plain_server, tmp_path, fault):
+    """A pushed drafter with a NaN, an Inf or a wrongly shaped weight: the server refuses the update (the push
+    raises, naming it), keeps the drafter it had (checksum, version, swap count), keeps serving, and its greedy
+    output stays plain decoding's. Chunks before the faulty one were already loaded: refused means rolled back."""
+    server = learning["server"]
+    before, swaps = swap.draft_checksum(server.url, ADMIN), _drafter_series(server)["_swaps"]
+    candidate = _faulty(learning["drafter"], tmp_path / fault, fault)
+    assert len(swap.payloads(candidate, chunk_bytes=64 * 1024)) > 1  # the fault is not in the first chunk
+    with pytest.raises(swap.SwapError, match="update_weights_from_tensor"):
+        swap.push(server.url, candidate, f"bad-{fault}", ADMIN, encoded=swap.payloads(candidate, chunk_bytes=64 * 1024))
+    assert server.proc.poll() is None, server.log_tail()
+    assert swap.draft_checksum(server.url, ADMIN) == before, "the faulty weights (or part of them) stayed loaded"
+    assert _drafter_series(server)["_swaps"] == swaps
+    want = plain_server.generate_text(PROMPT, max_new_tokens=48, temperature=0)["output_ids"]
+    out = server.generate_text(PROMPT, max_new_tokens=48, temperature=0)
+    assert out["output_ids"] == want
+    assert out["meta_info"].get("weight_version") != f"bad-{fault}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import PROMPTS
+from tests.sampling_stats import marginal_pvalue
 
 pytestmark = pytest.mark.server
 MAX_NEW = 48
@@ -72,28 +73,6 @@ def _sample_tokens(server, ids, n, **sampling):
     return [r["output_ids"] for r in out], [r["meta_info"].get("spec_accept_length", 1.0) for r in out]
 
 
-def _two_sample_chi2_pvalue(a: list[int], b: list[int]) -> float:
-    from collections import Counter
-
-    from scipy.stats import chi2_contingency
-
-    ca, cb = Counter(a), Counter(b)
-    keys = sorted(set(ca) | set(cb), key=lambda k: -(ca[k] + cb[k]))
-    # Pool rare tokens so every expected cell count is >= 5.
-    rows, other = [], [0, 0]
-    for k in keys:
-        if ca[k] + cb[k] >= 10:
-            rows.append([ca[k], cb[k]])
-        else:
-            other[0] += ca[k]
-            other[1] += cb[k]
-    if sum(other):
-        rows.append(other)
-    if len(rows) < 2:
-        return 1.0
-    return float(chi2_contingency(rows).pvalue)
-
-
 SAMPLING = [{}, {"top_k": 8}, {"top_p": 0.8}]
 SAMPLING_IDS = ["plain", "top_k", "top_p"]
 
@@ -106,7 +85,7 @@ def assert_sampling_lossless(spec_server, plain_server, tokenizer, sampling: dic
     base, _ = _sample_tokens(plain_server, ids, SAMPLES, **sampling)
     assert sum(accept) / len(accept) > 1.05, "no draft accepted: the test would not exercise verification"
     for pos in (1, 2):
-        p = _two_sample_chi2_pvalue([s[pos] for s in spec], [b[pos] for b in base])
+        p = marginal_pvalue([s[pos] for s in spec], [b[pos] for b in base])
         assert p > ALPHA, f"token {pos + 1} distribution differs from plain decoding's (p={p:.2e})"
 
 

@@ -93,3 +93,14 @@ def test_requests_leaving_a_ragged_batch_stay_exact(ragged_cycle_server, plain_s
     before = _ragged_steps(ragged_cycle_server)
     assert run(ragged_cycle_server) == run(plain_server)
     assert _ragged_steps(ragged_cycle_server) > before
+
+
+def test_stops_inside_ragged_commits_equal_plain_decoding(ragged_cycle_server, plain_server, prompt_ids, tokenizer):
+    """Each row of a batch stopping at its own place (tests/stops.py: a stop token, a stop string, EOS,
+    min_new_tokens, max_new_tokens 1..17, a grammar's end) inside ragged steps, where every row verifies its own
+    width: tokens and finish reason equal plain decoding's."""
+    from tests.stops import assert_stops_equal_plain
+
+    before = _ragged_steps(ragged_cycle_server)
+    assert_stops_equal_plain(ragged_cycle_server, plain_server, prompt_ids, tokenizer)
+    assert _ragged_steps(ragged_cycle_server) - before > 0, "no ragged step ran"

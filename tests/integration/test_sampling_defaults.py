@@ -35,6 +35,14 @@ def test_a_request_that_samples_under_the_operators_seed_is_refused(seeded_defau
     assert "sampling_seed" in json.load(e.value)["error"]["message"]
 
 
-def test_greedy_requests_under_the_operators_seed_are_served(seeded_default):
-    out = http_json(f"{seeded_default.url}/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}})
-    assert out["meta_info"]["completion_tokens"] == 4
+def test_greedy_requests_under_the_operators_seed_are_served(seeded_default, plain_server):
+    """The request leaves temperature to the operator's default (0): served greedy, as plain decoding serves it --
+    the same tokens and finish, not merely some tokens (a server that checked the merged parameters but sampled
+    without them would still answer)."""
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 24}}
+    want = http_json(f"{plain_server.url}/generate", body | {"sampling_params": {"max_new_tokens": 24,
+                                                                                 "temperature": 0}})
+    out = http_json(f"{seeded_default.url}/generate", body)
+    assert out["meta_info"]["completion_tokens"] == len(want["output_ids"]) > 4
+    assert out["output_ids"] == want["output_ids"]
+    assert out["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]

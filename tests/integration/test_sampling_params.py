@@ -72,22 +72,44 @@ def test_penalties_change_the_output_so_the_identity_is_not_vacuous(plain_server
     assert max(len(t) for t in eos_early) < 20 <= min(len(t) for t in held_off)
 
 
-def test_parallel_samples_n_greater_than_one(plain_server, dflash_server):
-    """n > 1 is SGLang's fan-out into independent requests: greedy copies equal plain decoding's."""
+@pytest.mark.parametrize("which", ["dflash", "cycle"])
+def test_parallel_samples_n_greater_than_one(which, plain_server, dflash_server, cycle_server):
+    """n > 1 is SGLang's fan-out into independent requests: greedy copies equal plain decoding's, on upstream's
+    block and under dflash_adaptive switching width every step (width 1 included)."""
+    server = {"dflash": dflash_server, "cycle": cycle_server}[which]
     want = tokens(generate(plain_server, {"n": 3}, prompts=PROMPTS[:2]))
     assert len(want) == 6
-    assert tokens(generate(dflash_server, {"n": 3}, prompts=PROMPTS[:2])) == want
+    assert tokens(generate(server, {"n": 3}, prompts=PROMPTS[:2])) == want
 
 
-def test_logprobs_of_the_greedy_continuation_match(plain_server, dflash_server):
-    extra = {"return_logprob": True, "top_logprobs_num": 3}
-    want = generate(plain_server, {"repetition_penalty": 1.2}, prompts=PROMPTS[:3], **extra)
-    got = generate(dflash_server, {"repetition_penalty": 1.2}, prompts=PROMPTS[:3], **extra)
+LOGPROB_CASES = {"greedy": {}, "repetition_penalty": {"repetition_penalty": 1.2}}
+
+
+def assert_logprobs_equal_plain(server, plain_server, sampling: dict, prompts=PROMPTS[:3], top: int = 3) -> None:
+    """Greedy with logprobs: the tokens, each chosen token's logprob and the top-`top` (ids and logprobs) of every
+    position equal plain decoding's (1e-3: the verify's batched logits against a one-token decode's)."""
+    extra = {"return_logprob": True, "top_logprobs_num": top}
+    want = generate(plain_server, sampling, prompts=prompts, **extra)
+    got = generate(server, sampling, prompts=prompts, **extra)
     assert tokens(got) == tokens(want)
     for w, g in zip(want, got):
-        lw = [t[0] for t in w["meta_info"]["output_token_logprobs"]]
-        lg = [t[0] for t in g["meta_info"]["output_token_logprobs"]]
-        assert lg == pytest.approx(lw, abs=1e-3)
+        w, g = w["meta_info"], g["meta_info"]
+        assert len(g["output_token_logprobs"]) == len(w["output_token_logprobs"]) == N_TOKENS
+        assert [t[1] for t in g["output_token_logprobs"]] == [t[1] for t in w["output_token_logprobs"]]
+        assert [t[0] for t in g["output_token_logprobs"]] == pytest.approx(
+            [t[0] for t in w["output_token_logprobs"]], abs=1e-3)
+        assert [[t[1] for t in row] for row in g["output_top_logprobs"]] == \
+            [[t[1] for t in row] for row in w["output_top_logprobs"]]
+        assert [t[0] for row in g["output_top_logprobs"] for t in row] == pytest.approx(
+            [t[0] for row in w["output_top_logprobs"] for t in row], abs=1e-3)
+
+
+@pytest.mark.parametrize("case", sorted(LOGPROB_CASES))
+@pytest.mark.parametrize("which", ["dflash", "cycle"])
+def test_logprobs_of_the_greedy_continuation_match(which, case, plain_server, dflash_server, cycle_server):
+    """Chosen and top-3 logprobs, on upstream's block and under dflash_adaptive switching width every step."""
+    server = {"dflash": dflash_server, "cycle": cycle_server}[which]
+    assert_logprobs_equal_plain(server, plain_server, LOGPROB_CASES[case])
 
 
 @pytest.mark.parametrize("sampling, extra, param", [
@@ -119,3 +141,14 @@ def test_min_p_never_samples_a_token_min_p_forbids(plain_server, dflash_server, 
     assert violations(plain_server, {}) > 20  # unfiltered sampling picks such tokens often
     for name, server in (("plain", plain_server), ("dflash", dflash_server), ("adaptive", cycle_server)):
         assert violations(server, {"min_p": 0.5}) == 0, name
+
+
+@pytest.mark.parametrize("which", ["dflash", "cycle"])
+def test_stops_inside_a_commit_equal_plain_decoding(which, plain_server, dflash_server, cycle_server, tokenizer):
+    """Stop strings, stop token ids, EOS, min_new_tokens, max_new_tokens 1..17 and a grammar's end landing inside
+    a step's commit (tests/stops.py): tokens and finish reason equal plain decoding's, on upstream's block 16 and
+    on every chain width in turn, width 1 included."""
+    from tests.stops import assert_stops_equal_plain
+
+    server = {"dflash": dflash_server, "cycle": cycle_server}[which]
+    assert_stops_equal_plain(server, plain_server, [tokenizer(p)["input_ids"] for p in PROMPTS], tokenizer)

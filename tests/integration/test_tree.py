@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.server import http_json
+from tests.conftest import PROMPTS
 from tests.integration.test_adaptive import adaptive_config, by_label, delta, scrape
 from tests.integration.test_lossless import (  # noqa: F401  (prompt_ids, plain_greedy: shared fixtures)
     MAX_NEW, SAMPLING, SAMPLING_IDS, assert_sampling_lossless, plain_greedy, prompt_ids)
@@ -96,3 +97,29 @@ def test_requests_a_tree_cannot_serve_verify_the_chain(tree_server, plain_greedy
     steps = delta(by_label(scrape(tree_server, "dflash_block_size_steps_total"), "block_size"), before)
     assert steps.get("16", 0) > 0
     assert sum(delta(scrape(tree_server, "dflash_tree_steps_total"), trees_before).values()) == 0
+
+
+def test_stops_inside_a_tree_commit_equal_plain_decoding(tree_server, plain_server, prompt_ids, tokenizer):
+    """Stop strings, stop token ids, EOS, max_new_tokens 1..17 landing inside a tree step's committed path, and
+    min_new_tokens and a grammar's end on the chain such requests verify (tests/stops.py): tokens and finish
+    reason equal plain decoding's."""
+    from tests.stops import assert_stops_equal_plain
+
+    before = scrape(tree_server, "dflash_tree_steps_total")
+    assert_stops_equal_plain(tree_server, plain_server, prompt_ids, tokenizer)
+    assert sum(delta(scrape(tree_server, "dflash_tree_steps_total"), before).values()) > 0, "no tree step ran"
+
+
+@pytest.mark.parametrize("which", ["tree", "switching"])
+def test_logprobs_and_parallel_samples_under_trees_equal_plain(which, tree_server, switching_tree_server,
+                                                              plain_server):
+    """The default's API surface where trees run: chosen and top-3 logprobs (such a batch verifies chains) and n > 1
+    (greedy copies, trees allowed) equal plain decoding's, on the fixed tree and switching tree/chain/width 1."""
+    from tests.integration.test_sampling_params import assert_logprobs_equal_plain, generate, tokens
+
+    server = {"tree": tree_server, "switching": switching_tree_server}[which]
+    assert_logprobs_equal_plain(server, plain_server, {})
+    before = scrape(server, "dflash_tree_steps_total")
+    want = tokens(generate(plain_server, {"n": 3}, prompts=PROMPTS[:2]))
+    assert tokens(generate(server, {"n": 3}, prompts=PROMPTS[:2])) == want
+    assert sum(delta(scrape(server, "dflash_tree_steps_total"), before).values()) > 0, "no tree step ran"

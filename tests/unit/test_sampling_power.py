@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.sampling_stats import ALPHA, N_PER_ARM, homogeneity_pvalue, informative_mass
+from tests.sampling_stats import (ALPHA, N_PER_ARM, UninformativeTest, homogeneity_pvalue, informative_mass,
+                                  marginal_pvalue)
 
 R, WIDTH = 200, 2
 PEAKED = {"V": 8, "alpha": 0.5, "p_argmax": 0.7}  # the regime the >= 0.99 claim is for
@@ -136,3 +137,32 @@ def test_the_statistic_compares_distributions_not_orders():
     a = [(1, 2, 3)] * 50 + [(3, 2, 1)] * 50
     assert homogeneity_pvalue(a, list(reversed(a))) == pytest.approx(1.0)
     assert homogeneity_pvalue(a, [(1, 2, 3)] * 100) < ALPHA
+
+
+@pytest.mark.parametrize("a, b, why", [
+    ([(1, 2, 3)] * 100, [(1, 2, 3)] * 100, "one outcome: a single cell"),
+    ([(i, i + 1, i + 2) for i in range(100)], [(i, i + 2, i + 1) for i in range(100, 200)],
+     "every triple once: no resolved cell, only the pooled rest"),
+    ([(1, 2, 3)] * 4 + [(i, i, i) for i in range(10, 106)], [(1, 2, 3)] * 3 + [(i, i, i) for i in range(200, 297)],
+     "one resolved cell holding 3.5 % of the samples"),
+])
+def test_the_statistic_refuses_a_comparison_that_cannot_fail(a, b, why):
+    """Each of these pairs would pass whatever the two distributions were; the statistic refuses them."""
+    with pytest.raises(UninformativeTest):
+        homogeneity_pvalue(a, b)
+
+
+@pytest.mark.parametrize("a, b, why", [
+    ([7] * 400, [7] * 400, "one token: a single cell"),
+    (list(range(400)), list(range(400, 800)), "every token once: only the pooled rest"),
+    ([7] * 15 + list(range(100, 485)), [7] * 10 + list(range(500, 890)), "one resolved token with 3 % of the mass"),
+])
+def test_the_marginal_statistic_refuses_a_comparison_that_cannot_fail(a, b, why):
+    with pytest.raises(UninformativeTest):
+        marginal_pvalue(a, b)
+
+
+def test_the_marginal_statistic_tells_distributions_apart():
+    a = [1] * 200 + [2] * 200
+    assert marginal_pvalue(a, list(reversed(a))) == pytest.approx(1.0)
+    assert marginal_pvalue(a, [1] * 300 + [2] * 100) < ALPHA
