@@ -190,7 +190,9 @@ class ControllerLoop:
             return
         try:
             d = step.decision
-            if d.widths is not None:  # a ragged step is no width's cost (it is priced from the widths' cells)
+            if d.widths is not None:  # a ragged step is no width's cost: it teaches ragged steps' own price
+                if self.settings.learn_costs:
+                    self.controller.observe_ragged_time(step.batch_size, d.widths, seconds)
                 if self.metrics is not None:
                     self.metrics.record_ragged_step_time(seconds)
                 return

@@ -111,9 +111,9 @@ class ControllerConfig:
     """A cost cell counts as stale after this many step-time measurements elsewhere."""
     per_request_widths: bool = False
     """Let a step verify a width per request (a ragged step, ragged_overlay.py) when that is predicted to beat the
-    batch-wide width by more than ``hysteresis``, where the worker can run it (CPU, greedy or sampled batches with
-    no grammar, logprobs, penalties or custom logit processor; refused on a GPU). Off by default: side by side it
-    has both won and lost against one width per batch (docs/ADAPTIVE.md)."""
+    batch-wide width by more than ``hysteresis``, where the worker can run it (CPU, greedy or sampled batches, with
+    penalties, logit_bias and logprobs too, without a grammar, custom logit processor or sampling mask; refused on
+    a GPU). Off by default: side by side it has both won and lost against one width per batch (docs/ADAPTIVE.md)."""
 
     def __post_init__(self) -> None:
         # Normalise containers before validating so the stored record is hashable and canonical.

@@ -22,6 +22,8 @@ Resolution of the learner (``export``/``resolve``; the numerics in table_fit.py)
      the nearest non-negative slope;
   4. the table is projected to be non-decreasing in block size, then in batch size, by weighted isotonic
      regression (weights = measurements + seed weight), then a running maximum guards the invariant.
+Ragged steps (a width per request) are no cell's cost: their times teach their own line per bucket
+(``observe_ragged``, ragged_price.py), exported and loaded with the table.
 Batch sizes map to the smallest bucket >= B (CUDA graphs pad up); beyond the last bucket rows are extrapolated
 linearly and measurements are not recorded.
 """
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .probe_price import ProbePrice
+from .ragged_price import Line, RaggedPrice
 from .roofline import RooflineProfile, load_json
 from .table_fit import monotone_table, rebucket, residual_shift
 
@@ -97,6 +100,7 @@ class CostModel:
         self._next_version = 1
         self._row_cache: dict[int, np.ndarray] = {}
         self.probe_price = ProbePrice(bk, self.ema)  # a probe's extra time, broadcast with the table
+        self.ragged_price = RaggedPrice(bk, self.ema)  # ragged steps' measured line, broadcast with the table
 
     # -- construction -----------------------------------------------------------------------------------------
     @classmethod
@@ -182,6 +186,21 @@ class CostModel:
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
             self.probe_price.observe(i, float(seconds) - float(self.row(int(batch_size))[k]))
 
+    def observe_ragged(self, batch_size: int, rows: int, seconds: float) -> None:
+        """Fold one ragged step's time (``rows`` verify rows in all) into its bucket's line (ragged_price.py)."""
+        i = self.bucket_index(int(batch_size))
+        if batch_size < 1 or i >= len(self.batch_buckets):
+            self.dropped_measurements += 1
+            return
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
+            self.ragged_price.observe(i, rows / batch_size, float(seconds), self._clock)
+
+    def ragged_line(self, batch_size: int) -> Line | None:
+        """The active line of ragged steps at ``batch_size``'s bucket (ragged_price.py; None: too few measured).
+        Beyond the last bucket: None (its rows are extrapolated, its measurements not recorded)."""
+        i = self.bucket_index(int(batch_size))
+        return None if i >= len(self.batch_buckets) else self.ragged_price.line(i)
+
     def probe_seconds(self, batch_size: int) -> float | None:
         """The active price of a probe at ``batch_size`` (probe_price.py; None before one was measured)."""
         return self.probe_price.seconds(int(batch_size), self.bucket_index(int(batch_size)))
@@ -219,6 +238,7 @@ class CostModel:
             "age": np.where(self._last >= 0, self._clock - self._last, NEVER).tolist(),
             "seed_measured": self.seed_measured,
             "probe_extra": self.probe_price.export(),
+            "ragged": self.ragged_price.export(self._clock),
         }
 
     def load(self, table: Mapping[str, Any]) -> None:
@@ -241,6 +261,7 @@ class CostModel:
         if counts.shape != shape or age.shape != shape:
             raise ValueError("measurements/age: must have the shape of seconds")
         self.probe_price.load(table.get("probe_extra"))
+        self.ragged_price.load(table.get("ragged"))
         self._active = np.maximum.accumulate(np.maximum.accumulate(sec, axis=1), axis=0)
         self._active_count = counts
         self._active_age = age

@@ -26,7 +26,8 @@ Worker contract (what AdaptiveDFlashWorker calls, in this order per decode step)
      a width-1 step without a draft, one token per request: ``observe_plain(request_ids, sampled)`` first, the data
      only where it answers False;
      ``sampled``: which requests sample, as given to decide -- the prior class, PRIOR_CLASSES), and on rank 0
-     ``observe_step_time(bs, b, seconds, probe=d.probe)``; after a tree step also ``observe_tree(b, request_ids,
+     ``observe_step_time(bs, b, seconds, probe=d.probe)`` (a ragged step: ``observe_ragged_time(bs, d.widths,
+     seconds)``); after a tree step also ``observe_tree(b, request_ids,
      path)``. With overlap scheduling these arrive one step late; that is fine.
   3. ``finish(request_id)`` for every finished or aborted request (frees its slot).
   4. when ``cost_sync_due``: ``sync_cost_table(broadcast)`` on every rank.
@@ -257,6 +258,15 @@ class BlockSizeController:
             self.cost_model.observe_probe(batch_size, block_size, seconds)
             return
         self.cost_model.observe(batch_size, block_size, seconds)
+
+    def observe_ragged_time(self, batch_size: int, widths: Sequence[int], seconds: float) -> None:
+        """Rank 0 only: fold a ragged step's measured time (``widths``: its decision's) into the learner's line of
+        ragged steps (ragged_price.py), which prices the next ones once broadcast."""
+        if not self.is_rank0:
+            raise RuntimeError(
+                "observe_ragged_time is rank 0's: other TP ranks must only load() the cost table rank 0 broadcasts"
+            )
+        self.cost_model.observe_ragged(batch_size, int(sum(widths)), seconds)
 
     @property
     def cost_sync_due(self) -> bool:

@@ -5,10 +5,12 @@ Why: with one width per batch, requests the drafter cannot guess verify as wide 
 Contract: ``pick(ragged, E, tokens, k, bs, step, explored)`` -> (widths per request, predicted goodput, mean
 expected tokens) or None, only with ``per_request_widths``, when the worker can run a ragged step this step
 (``ragged``) and the batch has 2+ requests:
-  * ``adaptive``: the best assignment of chain widths (ragged.py: priced at the mean width from measured cells only)
-    when it predicts more than ``hysteresis`` over the batch-wide candidate ``k``, scored like it by this step's
-    goodput, sum_r E_r / T (per-request widths are what the steady objective's harmonic weighting stands in for);
-    never over a tree or an exploration (which measures a cell ragged steps are priced from);
+  * ``adaptive``: the best assignment of chain widths when it predicts more than ``hysteresis`` over the
+    batch-wide candidate ``k``, scored like it by this step's expected tokens per second, sum_r E_r / T
+    (per-request widths are what the steady objective's harmonic weighting stands in for); T from the line of this
+    bucket's measured ragged steps (ragged_price.py) while it is fresh (``explore_stale_measurements``), else at
+    the mean width from measured cells only (ragged.py); never over a tree or an exploration (which measures a cell
+    ragged steps are priced from);
   * ``cycle`` (a test of every mix of widths): request i verifies the pattern's entry i steps ahead of this
     decision's, trees as the widest chain width.
 None when every request would get one width. The batch-wide state (current width, dwell, probes) runs on
@@ -81,7 +83,10 @@ class RaggedOverlay:
         start = float(tokens[k]) / float(cost_row[k]) * (1.0 + self.cfg.hysteresis)
         chain_cost = cost_row[rows]
         floor = float(chain_cost[0]) if widths[0] == 1 else 0.0
-        picks, g = assign(E[rows].T, widths, (widths[priced], chain_cost[priced]), floor, start)
+        line = cost.ragged_line(bs)
+        learnt = (None if line is None or line.age > self.cfg.explore_stale_measurements
+                  else (line, widths.astype(float), chain_cost))
+        picks, g = assign(E[rows].T, widths, (widths[priced], chain_cost[priced]), floor, start, learnt)
         if g <= 0.0 or picks.min() == picks.max():
             return None
         e = E[rows][picks, np.arange(bs)]

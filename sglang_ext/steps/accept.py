@@ -63,8 +63,8 @@ def target_choices(ctx: StepContext, logits: torch.Tensor | None, target_predict
     pytorch sampler) -> [R]. A caller that accepts while the next candidate equals the choice at its row, and commits
     the choice at the first row where it does not, commits the target's samples one after another: for a
     deterministic draft that is rejection sampling's distribution (accept d with probability q(d), else a sample of
-    q without d), at any temperature. No penalizer may be active (the rows' penalties are not replayed:
-    ``tree.tree_serves``)."""
+    q without d), at any temperature. Penalties are not applied here: the caller replays them per row first (a
+    ragged step: steps/ragged.py), or has none (a tree step: ``tree.tree_serves``)."""
     bs, sampling_info, draft_input = ctx.bs, ctx.batch.sampling_info, ctx.draft_input
     if target_predict is not None:
         choice, site = target_predict, upstream.SpecTpSyncSite.DFLASH_ACCEPT_GREEDY

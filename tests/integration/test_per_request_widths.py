@@ -1,6 +1,7 @@
 """Per-request verify widths (speculative.adaptive.per_request_widths): a ragged step -- each request drafting and
 verifying its own width in one draft and one verify forward -- commits exactly what plain decoding would, greedy,
-and samples from the target's distribution at temperature 1, with top-k/top-p and with min_p.
+and samples from the target's distribution at temperature 1, with top-k/top-p, with min_p and with penalties;
+penalties and logit_bias adjust every verified row as plain decoding would, and logprobs are plain decoding's.
 
 The cycle server gives request i of every step the pattern's entry i steps ahead, so one batch mixes widths 1, 2,
 4, 8 and 16 (speculation off next to the full block) and each request's width changes every step.
@@ -12,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from harness.server import http_json
 from tests.integration.test_adaptive import adaptive_config, scrape
 from tests.integration.test_lossless import MAX_NEW, plain_greedy, prompt_ids  # noqa: F401  (shared fixtures)
 from tests.integration.test_sampling_distribution import CONFIGS, assert_same_distribution, plain_sample, sample
@@ -59,7 +61,7 @@ def test_greedy_ragged_steps_with_logit_bias_commit_what_plain_decoding_commits(
     assert _ragged_steps(ragged_cycle_server) - before >= 10
 
 
-@pytest.mark.parametrize("config", ["temperature", "top_k_top_p", "min_p"])
+@pytest.mark.parametrize("config", ["temperature", "top_k_top_p", "min_p", "penalties"])
 def test_sampled_ragged_steps_keep_the_target_distribution(config, ragged_cycle_server, plain_server):
     """A sampled batch runs ragged steps too (every step mixes widths 1 to 16) and its outputs have the target's
     distribution: the joint of the first three tokens against plain decoding's, with the statistic, sample size and
@@ -71,13 +73,43 @@ def test_sampled_ragged_steps_keep_the_target_distribution(config, ragged_cycle_
     assert_same_distribution(f"ragged, {config}", plain_sample(plain_server, config), spec)
 
 
-def test_a_batch_with_penalties_verifies_one_width(ragged_cycle_server, prompt_ids):
-    """Penalties are replayed along one chain per request (verify_rows.py): a batch with them runs batch-wide
-    steps, never a ragged one."""
+PENALTIES = {"repetition_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5, "min_new_tokens": 12}
+
+
+def _batch(server, prompt_ids, sampling: dict, **extra) -> list[dict]:
+    body = {"input_ids": prompt_ids, **extra,
+            "sampling_params": {"ignore_eos": True, "max_new_tokens": MAX_NEW, "temperature": 0, **sampling}}
+    return http_json(f"{server.url}/generate", body)
+
+
+def test_greedy_ragged_steps_with_penalties_commit_what_plain_decoding_commits(ragged_cycle_server, plain_server,
+                                                                               plain_greedy, prompt_ids):
+    """Row j of a request verifying b positions is penalised as plain decoding penalises the token after its
+    anchor and first j drafts (verify_rows.py, replayed on the padded layout): frequency, presence, repetition and
+    min_new_tokens at once, in a batch whose every step mixes widths 1 to 16."""
+    want = [r["output_ids"] for r in _batch(plain_server, prompt_ids, PENALTIES)]
+    assert want != plain_greedy  # the penalties change the output: not vacuous
     before = _ragged_steps(ragged_cycle_server)
-    out = ragged_cycle_server.generate(prompt_ids, max_new_tokens=16, temperature=1.0, repetition_penalty=1.3)
-    assert all(len(r["output_ids"]) == 16 for r in out)
-    assert _ragged_steps(ragged_cycle_server) == before
+    got = _batch(ragged_cycle_server, prompt_ids, PENALTIES)
+    assert [r["output_ids"] for r in got] == want
+    assert _ragged_steps(ragged_cycle_server) - before >= 10
+
+
+def test_ragged_steps_report_plain_decodings_logprobs(ragged_cycle_server, plain_server, prompt_ids):
+    """Logprobs of the committed tokens and the top alternatives, from each request's own verified rows."""
+    extra = {"return_logprob": True, "top_logprobs_num": 3}
+    want = _batch(plain_server, prompt_ids, {"repetition_penalty": 1.2}, **extra)
+    before = _ragged_steps(ragged_cycle_server)
+    got = _batch(ragged_cycle_server, prompt_ids, {"repetition_penalty": 1.2}, **extra)
+    assert _ragged_steps(ragged_cycle_server) - before >= 10
+    for w, g in zip(want, got):
+        assert g["output_ids"] == w["output_ids"]
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            lw, lg = w["meta_info"][key], g["meta_info"][key]
+            assert len(lg) == len(lw) == MAX_NEW
+            flat = (lambda rows: [t[0] for t in rows]) if key == "output_token_logprobs" else (
+                lambda rows: [t[0] for top in rows for t in top])
+            assert flat(lg) == pytest.approx(flat(lw), abs=1e-3), key
 
 
 def test_requests_leaving_a_ragged_batch_stay_exact(ragged_cycle_server, plain_server, prompt_ids):

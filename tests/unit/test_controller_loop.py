@@ -387,7 +387,8 @@ def test_steps_reach_metrics_at_most_a_flush_interval_late_and_before_a_finished
 
 def test_ragged_steps_are_counted_by_request_width_and_kept_out_of_the_cost_table():
     """A ragged step (per-request widths): its requests count at their own widths, each position's chances only
-    where a request's width reached it, its time under block_size="ragged", never in a width's cost cell."""
+    where a request's width reached it, its time under block_size="ragged", never in a width's cost cell: in the
+    learner's line of ragged steps (ragged_price.py), at its mean width."""
     reg = CollectorRegistry()
     lp = loop(reg, mode="cycle", candidates=[1, 4, 16], cycle_pattern=[16, 1, 4], per_request_widths=True)
     table = lp.controller.cost_model.table.copy()
@@ -412,6 +413,9 @@ def test_ragged_steps_are_counted_by_request_width_and_kept_out_of_the_cost_tabl
     assert value("dflash_accepted_tokens_total") == 12
     assert reg.get_sample_value("dflash_step_seconds_count", labels | {"block_size": "ragged"}) == 3
     np.testing.assert_array_equal(lp.controller.cost_model.table, table)
+    cost = lp.controller.cost_model
+    steps, weight, sx = cost.export()["ragged"][cost.bucket_index(3)][:3]
+    assert steps == 3 and sx / weight == pytest.approx(7.0)  # three steps of 21 rows for 3 requests
 
 
 def test_live_request_states_gauge_returns_to_zero_on_every_exit_path():
