@@ -19,9 +19,9 @@ if [[ "${1:-}" == "--test" ]]; then
   echo "[install] test dependencies"
   pip -c requirements/constraints-cpu.txt -r requirements/test.txt
   # Prometheus + promtool and Alertmanager (+ amtool) for tests/deploy, from Debian's packages. As root (CI) a
-  # failure is fatal; otherwise
-  # it needs passwordless sudo, and without it the deploy tests skip, saying so. In a container the package's
-  # service is not started; on a systemd host it is (`systemctl disable --now prometheus` if unwanted).
+  # failure is fatal; otherwise it needs passwordless sudo, and without it the deploy tests skip, saying so. In a
+  # container the packages' services are not started; on a systemd host they are (`systemctl disable --now
+  # prometheus prometheus-alertmanager` if unwanted).
   if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
       || ! command -v prometheus-alertmanager >/dev/null; then
     apt_install() {
