@@ -54,6 +54,9 @@ in the same environment is unchanged. SGLang 0.5.23 behaviours this fixes (tests
    on ``/v1/realtime`` (``openai_v1_realtime_transcription``) was accepted (101) without any key. A handshake is
    now authorised like an HTTP request to its route and refused (401) before it is accepted. Retired by upstream's
    middleware checking ``websocket`` scopes too.
+11. **Pydantic's quoted input.** A handler that answers 400 with ``str(ValidationError)`` in the OpenAI shape
+   (``/v1/responses`` for a message list that fails validation) quoted each offending value (``input_value=...``)
+   back; it is cut. Retired when those handlers answer with the field and the reason only.
 
 The middleware wraps the whole Starlette stack (outside SGLang's API-key middleware and Starlette's
 ServerErrorMiddleware), so it sees every response, 401 and 500 included. It is pure ASGI and hands the original
@@ -103,6 +106,10 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 _MAX_ERROR_BODY = 256 * 1024
 DRAIN_CAP = 32 * 1024 * 1024  # most of a refused body read (and dropped) so the client sees the 413
 _FILE_LINE = re.compile(r'\s*File "[^"]*", line \d+[^\n]*')
+# pydantic's own message quotes each offending value ("[type=..., input_value=<the value>, input_type=...]"); a
+# handler that answers 400 with str(ValidationError) (SGLang's /v1/responses for a message list) would echo the
+# client's input
+_PYDANTIC_INPUT = re.compile(r"input_value=.*?, input_type=", re.DOTALL)
 
 
 # ---------------------------------------------------------------------------------------------- error bodies
@@ -128,7 +135,7 @@ def error_body(status: int, message: str, param: str | None = None, type_: str |
 
 def _clean(message: Any) -> str:
     text = message if isinstance(message, str) else json.dumps(message, default=str)
-    text = _FILE_LINE.sub("", text).strip()
+    text = _PYDANTIC_INPUT.sub("input_type=", _FILE_LINE.sub("", text)).strip()
     return text[:2000] + "..." if len(text) > 2000 else text
 
 
@@ -167,7 +174,7 @@ def normalise_error(status: int, content_type: str, body: bytes) -> bytes | None
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            if {"message", "type", "param", "code"} <= set(err):
+            if {"message", "type", "param", "code"} <= set(err) and not _PYDANTIC_INPUT.search(err["message"]):
                 return None
             return error_body(status, _clean(err["message"]), err.get("param"), err.get("type"))
         if isinstance(err, str):

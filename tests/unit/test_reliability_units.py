@@ -125,6 +125,21 @@ def test_server_file_paths_are_removed_from_messages():
     assert shape(run_asgi(guard(app), method="GET", path="/x")[2])["message"] == "boom"
 
 
+def test_an_error_that_quotes_pydantics_input_value_is_answered_without_it():
+    """SGLang's /v1/responses answers a message list that fails validation with str(ValidationError), already in
+    the OpenAI shape; pydantic quotes each offending value in it. The value is cut, the rest of the message kept."""
+    quoted = ("1 validation error for ChatCompletionRequest\nmessages.0.content\n  Input should be a valid list "
+              "[type=list_type, input_value='SECRET PROMPT, with a comma', input_type=str]")
+    body = json.dumps({"error": {"message": quoted, "type": "invalid_request_error", "param": None, "code": 400}})
+    out = json.loads(http_guard.normalise_error(400, "application/json", body.encode()))["error"]
+    assert "SECRET" not in out["message"] and "input_value" not in out["message"]
+    assert out["message"].endswith("Input should be a valid list [type=list_type, input_type=str]")
+    assert (out["type"], out["code"]) == ("invalid_request_error", 400)
+    clean = json.dumps({"error": {"message": "max_tokens: too big", "type": "invalid_request_error", "param": None,
+                                  "code": 400}})
+    assert http_guard.normalise_error(400, "application/json", clean.encode()) is None  # nothing to cut: as sent
+
+
 def test_validation_messages_name_the_field_not_the_input():
     message, param = http_guard._validation_message([
         {"type": "int_parsing", "loc": ("body", "max_tokens"), "msg": "Input should be a valid integer",
