@@ -15,7 +15,8 @@ cells: an unmeasured one is an extrapolation (docs/HISTORY.md).
 
 ``assign(E, widths, points, floor, start, learnt)`` -> (picks, goodput): from every request at the narrowest
 width, widen one request one step at a time in order of tokens gained per row added (E_r is concave in b), so each
-prefix of that order is the most tokens for its rows; every prefix is priced and the best kept (``picks`` indexes ``widths``).
+prefix of that order is the most tokens for its rows; every prefix is priced and the best kept (``picks`` indexes
+``widths``).
 Where the price is flat the best assignment can lie between two prefixes: tests/unit/controller/test_ragged.py
 bounds the gap to the brute-force best.
 

@@ -16,10 +16,10 @@ model_runner_components/weight_updater.WeightUpdater.update_weights_from_tensor`
     loaders (a larger q/k/v projection) or raises out of the load -- out of the scheduler's request handler, which
     ends the server -- after the chunks before it were loaded. Here a runner refuses tensors that are not all finite
     or not shaped as the served checkpoint's tensors of the same name (its safetensors headers) before loading any,
-    and answers a load that raised with a failure; a refused draft update
-    restores the draft weights the session began with (a copy taken at `begin_weight_update`, on the host: the draft's own
-    parameters, not those it shares with the target), so a refused push -- whichever chunk -- leaves the drafter
-    that served before it, its version and swap count unchanged.
+    and answers a load that raised with a failure; a refused draft update restores the draft weights the session
+    began with (a copy taken at `begin_weight_update`, on the host: the draft's own parameters, not those it shares
+    with the target), so a refused push -- whichever chunk -- leaves the drafter that served before it, its version
+    and swap count unchanged.
 Retired by: upstream re-deriving the fused helper after a draft weight update, offering a post-update hook to the
 speculative worker, and validating a weight update (finite, shapes) before loading it.
 """
