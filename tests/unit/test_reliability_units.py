@@ -35,15 +35,9 @@ class FakeTM:
             return {"a": types.SimpleNamespace(lora_name="my-adapter")}
 
 
-def run_asgi(app, method="POST", path="/v1/chat/completions", body=b"", headers=None, chunks=None):
-    """Drive `app` like uvicorn; returns (status, headers, body, what the inner app received)."""
-    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": path, "headers": raw}
-    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-                for i, c in enumerate(chunks)] if chunks else [{"type": "http.request", "body": body,
-                                                                 "more_body": False}]
-    incoming.append({"type": "http.disconnect"})
-    sent = []
+def drive(app, scope: dict, incoming: list[dict]) -> list[dict]:
+    """Run the ASGI `app` on `scope`, handing it `incoming` in turn; the messages it sent."""
+    sent: list[dict] = []
 
     async def receive():
         return incoming.pop(0)
@@ -52,6 +46,18 @@ def run_asgi(app, method="POST", path="/v1/chat/completions", body=b"", headers=
         sent.append(message)
 
     asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def run_asgi(app, method="POST", path="/v1/chat/completions", body=b"", headers=None, chunks=None):
+    """Drive `app` like uvicorn; returns (status, headers, body, what the inner app received)."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "method": method, "path": path, "headers": raw}
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)] if chunks else [{"type": "http.request", "body": body,
+                                                                 "more_body": False}]
+    incoming.append({"type": "http.disconnect"})
+    sent = drive(app, scope, incoming)
     start = next(m for m in sent if m["type"] == "http.response.start")
     out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], dict((k.decode(), v.decode()) for k, v in start["headers"]), out
@@ -341,17 +347,7 @@ def run_websocket(app, extensions=True):
     """A websocket handshake as uvicorn hands it to the app: the messages the app sent back."""
     scope = {"type": "websocket", "path": "/v1/realtime", "headers": [],
              "extensions": {"websocket.http.response": {}} if extensions else {}}
-    incoming = [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}]
-    sent = []
-
-    async def receive():
-        return incoming.pop(0)
-
-    async def send(message):
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
-    return sent
+    return drive(app, scope, [{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}])
 
 
 def test_a_websocket_handshake_needs_the_key_like_an_http_request():
