@@ -54,8 +54,8 @@ PROBE_SURPRISE = 0.05
 NEAR_GROWTH = 2.0
 # Doublings of the far interval after far probes that found nothing new (at most 2**FAR_BACKOFF_MAX times the
 # budget's spacing). Why: where the drafter cannot guess (prose at temperature 1) every far probe found what the
-# last one had, and the probes' share of decode time (their own price and the colder steps after them) was most of
-# what speculation-off still cost over plain decoding (docs/BENCHMARKS.md, plain runs).
+# last one had, and each costs its own price plus colder steps after it that the price does not count
+# (docs/BENCHMARKS.md, plain runs).
 FAR_BACKOFF_MAX = 2
 
 
