@@ -1,16 +1,19 @@
 """One user, requests taken in turns by every configuration: time to first token, time per output token, tokens/s.
 
-Why: at one user a load-test point of 25 s holds some twenty requests, and the machine's drift between points
-moves a ratio by several percent. Here every server is up at once and each workload prompt is sent to every
-configuration in turn (the order rotating every round), so a ratio compares the same prompts under the same
-conditions; medians of per-request TTFT and TPOT, tokens/s over all requests. A server's own launch carries a bias
-too (two servers running the same model forward have served it several percent apart for a whole run): with
-`--launches N` every server is started N times, in a rotated order, the rounds split between launches, and the
-tables pool them, with each launch's ratios beside.
+Why: at one user a load-test point of 25 s holds some twenty requests, and the machine's drift between points moves
+a ratio by several percent. Here every server is up at once and each workload prompt is sent to every configuration
+in turn (the order rotating every round), so a ratio compares the same prompts under the same conditions; medians of
+per-request TTFT and TPOT, tokens/s over all requests. A server's own launch carries a bias too (two servers running
+the same model forward have served it several percent apart for a whole run): with `--launches N` every server is
+started N times, in a rotated order, the rounds split between launches, and the tables pool them, with each launch's
+ratios beside. `--pin` puts every server's scheduler on the last core and its HTTP, tokenizer and detokenizer
+processes (and the client) on the others, so per-token front-end work is never woken onto the model's core. The JSON
+keeps each adaptive server's steps by width, probes and plain steps per launch.
 
     python benchmarks/alternating_ab.py                                 # prose and chat: no-spec vs adaptive
     python benchmarks/alternating_ab.py --workloads chat --rounds 60 --configs no-spec adaptive adaptive-w1
     python benchmarks/alternating_ab.py --launches 3 --rounds 60         # 20 rounds per launch of every server
+    python benchmarks/alternating_ab.py --pin --configs no-spec adaptive-w1 adaptive adaptive-no-probes
     git worktree add /tmp/before HEAD~3 && python benchmarks/alternating_ab.py --before /tmp/before
 
 `--before DIR` adds `adaptive@before`: the default adaptive server run from the checkout DIR. Configurations are
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -35,6 +39,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.load_profile import workloads  # noqa: E402
 from benchmarks.step_profile import BEFORE, CONFIGS, config_for  # noqa: E402
 from harness.server import ManagedServer  # noqa: E402
+from loadtest.server_metrics import scrape, total  # noqa: E402
 
 WARMUP_ROUNDS = 3
 
@@ -73,6 +78,19 @@ def with_ratios(table: dict, base_name: str) -> dict:
     return table
 
 
+# the adaptive worker's step counters read around each workload: where its steps went
+COUNTERS = ("dflash_probe_steps_total", "dflash_plain_decode_steps_total", "dflash_verify_steps_total")
+
+
+def step_counts(url: str) -> dict[str, float]:
+    """The server's step counters, and its steps by verify width (`w<b>`); empty for a server without them."""
+    snap = scrape(url) or {}
+    out = {name.removeprefix("dflash_").removesuffix("_total"): total(snap, name) or 0.0 for name in COUNTERS}
+    for labels, value in snap.get("dflash_block_size_steps_total", []):
+        out[f"w{labels.get('block_size')}"] = out.get(f"w{labels.get('block_size')}", 0.0) + value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "deploy/configs/cpu.yaml", help="base server config")
@@ -85,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start every server this many times (rotated order), the rounds split between launches")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="also run the default adaptive server from this checkout (adaptive@before)")
+    p.add_argument("--pin", action="store_true",
+                   help="every server's scheduler on the last core, its other processes and this client on the rest")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/alternating_ab_cpu.json")
     args = p.parse_args(argv)
     if args.launches < 1 or args.rounds < 1:
@@ -95,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     wls = workloads(args.workloads)
     runs = {wl: {n: [] for n in names} for wl in wls}  # pooled over launches
     per_launch: dict = {wl: [] for wl in wls}
+    steps: dict = {wl: {n: [] for n in names} for wl in wls}  # step counts by launch
     rounds = -(-args.rounds // args.launches)
+    all_cores = os.sched_getaffinity(0)
     for launch in range(args.launches):
         order = names[launch % len(names):] + names[: launch % len(names)]
+        os.sched_setaffinity(0, all_cores)  # servers start on every core, as unpinned
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
             servers = {}
             for name in order:
@@ -107,10 +130,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[ab] launch {launch + 1}/{args.launches}: starting {name}", file=sys.stderr)
                 cfg = config_for(args.config, name.removesuffix(BEFORE))
                 servers[name] = stack.enter_context(ManagedServer(cfg, Path(tmp), f"s{names.index(name)}", **kw))
+            if args.pin:
+                cores = sorted(all_cores)
+                if len(cores) < 2:
+                    p.error("--pin needs two cores at least")
+                for s in servers.values():
+                    s.pin({cores[-1]}, set(cores[:-1]))
+                os.sched_setaffinity(0, set(cores[:-1]))
             clients = {n: OpenAI(base_url=s.url + "/v1", api_key="none") for n, s in servers.items()}
             models = {n: c.models.list().data[0].id for n, c in clients.items()}
             for wl, (convs, _) in wls.items():
                 mine: dict[str, list] = {n: [] for n in names}
+                counts_before = {n: step_counts(srv.url) for n, srv in servers.items()}
                 rng = random.Random(1 + launch)
                 for r in range(rounds + WARMUP_ROUNDS):
                     messages, temperature = rng.choice(convs)
@@ -123,14 +154,19 @@ def main(argv: list[str] | None = None) -> int:
                               file=sys.stderr)
                 for n in names:
                     runs[wl][n] += mine[n]
+                for n, srv in servers.items():
+                    after = step_counts(srv.url)
+                    steps[wl][n].append({k: v - counts_before[n].get(k, 0.0) for k, v in after.items()})
                 per_launch[wl].append(with_ratios({n: summarize(mine[n]) for n in names}, names[0]))
     results: dict = {"rounds": rounds * args.launches, "launches": args.launches, "max_tokens": args.max_tokens,
+                     "pinned": args.pin,
                      "workloads": {}}
     for wl in wls:
         table = with_ratios({n: summarize(runs[wl][n]) for n in names}, names[0])
         for n, row in table.items():
             row["tokens_per_s_x_by_launch"] = [t[n]["tokens_per_s_x"] for t in per_launch[wl]]
             row["tpot_x_by_launch"] = [t[n]["tpot_x"] for t in per_launch[wl]]
+            row["steps_by_launch"] = steps[wl][n]
         results["workloads"][wl] = table
         print(f"\n#### {wl}, one user, {rounds * args.launches} prompts in turns, {args.launches} launch(es) "
               f"(x {names[0]})\n")
