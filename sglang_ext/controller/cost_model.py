@@ -52,6 +52,13 @@ NEVER = 2**62  # "age" of a never-measured cell
 # instead: a guard, not a model (a narrower width or smaller batch than any measured one costs less, never nothing;
 # monotone_table's own floor, 1e-3 of the cheapest cell, made such a width look free).
 FILL_FLOOR = 0.25
+# The steps right after a probe that count toward its price (at most): those at the probe's width and batch bucket
+# that cost more than their price, up to the first that does not. Why: a probe runs the drafter over the whole
+# batch's block and writes its draft KV; the target's next steps run colder, a cost of the probe that its own step
+# time does not show (docs/BENCHMARKS.md, plain runs). They stay in their width's cell too: leaving them out of it
+# (an earlier design) left the cell its cheaper steps only, and code at greedy, which probes every few steps, ran
+# wider than it paid.
+PROBE_AFTERMATH_STEPS = 4
 
 
 class CostModel:
@@ -101,6 +108,7 @@ class CostModel:
         self._row_cache: dict[int, np.ndarray] = {}
         self.probe_price = ProbePrice(bk, self.ema)  # a probe's extra time, broadcast with the table
         self.ragged_price = RaggedPrice(bk, self.ema)  # ragged steps' measured line, broadcast with the table
+        self._aftermath: tuple[int, int, float, int] | None = None  # probe being priced: bucket, width, extra, left
 
     # -- construction -----------------------------------------------------------------------------------------
     @classmethod
@@ -164,6 +172,8 @@ class CostModel:
         if batch_size < 1 or i >= len(self.batch_buckets):
             self.dropped_measurements += 1
             return
+        if self._aftermath is not None:
+            self._after_probe(i, k, int(batch_size), float(seconds))
         n = int(self._count[i, k]) + 1
         self._count[i, k] = n
         self._clock += 1
@@ -177,14 +187,34 @@ class CostModel:
         self._est[i, k] = cur + w * (float(seconds) - cur)
 
     def observe_probe(self, batch_size: int, block_size: int, seconds: float) -> None:
-        """Fold one probe step's time into the probe price (probe_price.py): its time less the active table's
-        price of its width, which is what the probe added."""
+        """Price one probe step (probe_price.py): its time less the active table's price of its width, plus its
+        aftermath (PROBE_AFTERMATH_STEPS), folded in once the aftermath is over (or at the next export)."""
+        self._price_probe()
         k = self._block_index.get(int(block_size))
         i = self.bucket_index(int(batch_size))
         if k is None or batch_size < 1 or i >= len(self.batch_buckets) or not np.isfinite(self._active).all():
             return
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0:
-            self.probe_price.observe(i, float(seconds) - float(self.row(int(batch_size))[k]))
+            extra = float(seconds) - float(self.row(int(batch_size))[k])
+            self._aftermath = (i, k, extra, PROBE_AFTERMATH_STEPS)
+
+    def _after_probe(self, i: int, k: int, batch_size: int, seconds: float) -> None:
+        """A step measured while a probe is being priced: what it cost over its price is the probe's while it is
+        the probe's aftermath (PROBE_AFTERMATH_STEPS); the first that is not ends the pricing."""
+        bucket, width, extra, left = self._aftermath  # type: ignore[misc]
+        over = seconds - float(self.row(batch_size)[k])
+        if (i, k) == (bucket, width) and left > 0 and over > 0:
+            self._aftermath = (bucket, width, extra + over, left - 1)
+            if left > 1:
+                return
+        self._price_probe()
+
+    def _price_probe(self) -> None:
+        """Fold the probe being priced into the probe price."""
+        if self._aftermath is not None:
+            bucket, _, extra, _ = self._aftermath
+            self._aftermath = None
+            self.probe_price.observe(bucket, extra)
 
     def observe_ragged(self, batch_size: int, rows: int, seconds: float) -> None:
         """Fold one ragged step's time (``rows`` verify rows in all) into its bucket's line (ragged_price.py)."""
@@ -226,7 +256,9 @@ class CostModel:
 
     # -- broadcast -----------------------------------------------------------------------------------------------
     def export(self) -> dict[str, Any]:
-        """The learner's resolved table as plain JSON-able data with a fresh version (broadcast from rank 0)."""
+        """The learner's resolved table as plain JSON-able data with a fresh version (broadcast from rank 0). A probe
+        still being priced is priced with the aftermath seen so far."""
+        self._price_probe()
         v = self._next_version
         self._next_version += 1
         return {

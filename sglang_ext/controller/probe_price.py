@@ -9,7 +9,8 @@ them so that their measured price stays within a share of decode time (``probe_b
 
 Contract:
   * ``observe(bucket, extra)`` (TP rank 0, the cost model's learner side): one probe step's time less the active
-    table's price of its width at its batch bucket; an EMA per bucket (the first measurement taken whole).
+    table's price of its width at its batch bucket, with the colder steps right after it over their price
+    (``CostModel.observe_probe``); an EMA per bucket (the first measurement taken whole).
   * ``export()`` / ``load()``: the learner's values ride the cost table's broadcast (cost_model.py), so every rank
     spaces probes by identical numbers; ``seconds(batch_size)`` reads only what was loaded.
   * ``seconds(batch_size)``: the loaded price at ``batch_size``'s bucket; an unmeasured bucket takes the nearest

@@ -25,6 +25,33 @@ def test_the_price_is_what_a_probe_adds_to_its_widths_step_and_reaches_decisions
     assert cost.probe_seconds(2) == pytest.approx(0.025 * 2 / 8)
 
 
+def test_a_probes_price_counts_the_colder_steps_after_it_which_still_teach_their_width() -> None:
+    seed = np.array([[0.010, 0.02, 0.05]] * len(BUCKETS))
+
+    def priced(after: list[float]) -> tuple[float, float]:
+        cost = CostModel(BUCKETS, (1, 4, 16), seed, seed_measured=True)
+        cost.observe_probe(8, 1, 0.035)  # 25 ms over width 1's 10 ms
+        for seconds in after:
+            cost.observe(8, 1, seconds)
+        cost.load(cost.export())
+        return cost.probe_seconds(8), float(cost.row(8)[0])
+
+    # the two steps after it 3 and 1 ms over width 1's price are the probe's; the one at its price ends them
+    price, width1 = priced([0.013, 0.011, 0.010, 0.014])
+    assert price == pytest.approx(0.025 + 0.003 + 0.001)
+    assert width1 > 0.010  # the colder steps stay in width 1's cell (and the one after the aftermath)
+    # at most PROBE_AFTERMATH_STEPS of them
+    from sglang_ext.controller.cost_model import PROBE_AFTERMATH_STEPS
+    assert priced([0.012] * 10)[0] == pytest.approx(0.025 + 0.002 * PROBE_AFTERMATH_STEPS)
+    # another width's step, or another batch bucket's, ends the aftermath
+    cost = CostModel(BUCKETS, (1, 4, 16), seed, seed_measured=True)
+    cost.observe_probe(8, 1, 0.035)
+    cost.observe(8, 4, 0.03)
+    cost.observe(8, 1, 0.015)
+    cost.load(cost.export())
+    assert cost.probe_seconds(8) == pytest.approx(0.025)
+
+
 def test_a_probe_faster_than_its_widths_price_costs_nothing_and_the_ema_follows_new_prices() -> None:
     price = ProbePrice(BUCKETS, ema=0.5)
     price.observe(0, -0.002)  # timing noise below the table's price
