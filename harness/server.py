@@ -5,8 +5,10 @@ import contextlib
 import json
 import os
 import socket
+import fcntl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -46,14 +48,59 @@ def terminate(proc: subprocess.Popen | None, timeout: float) -> int | None:
 def side_by_side(servers: dict[str, "ManagedServer"]):
     """Spawn every server, wait for each, yield them; stop all at exit (start-ups overlap: one wait, not n)."""
     try:
-        for s in servers.values():
-            s.spawn()
-        for s in servers.values():
-            s.wait_ready()
+        with starting(len(servers)):
+            for s in servers.values():
+                s.spawn()
+            for s in servers.values():
+                s.wait_ready()
         yield servers
     finally:
         for s in servers.values():
             s.stop()
+
+
+# What one server of the bundled tiny pair holds on CPU (its scheduler with the KV pools of the embedded default,
+# its HTTP and detokenizer processes, the launcher), with room to spare; other models set their own.
+SERVER_BYTES = int(float(os.environ.get("DFLASH_HARNESS_SERVER_GIB", "2.5")) * (1 << 30))
+ROOM_WAIT_SECONDS = 240.0
+_START_LOCK = Path(tempfile.gettempdir()) / "dflash-serve-harness-start.lock"
+_held = 0  # this process's depth inside starting()
+
+
+@contextlib.contextmanager
+def starting(count: int = 1):
+    """Start servers one group at a time on this machine, each group once there is memory for it.
+
+    Why: `pytest -n 2` runs two test files at once, each with its servers (and the session's shared ones); a server
+    started once the others have taken the memory is refused by SGLang ("no memory for the KV cache") or killed by
+    the kernel. Under a machine-wide lock a start waits, up to ROOM_WAIT_SECONDS, for `count` x SERVER_BYTES to be
+    available (the other file's servers stop at its end), then goes ahead as it would have.
+    """
+    import psutil
+
+    global _held
+    if _held:  # a start inside a start of this process: the outer one holds the lock and waited
+        _held += 1
+        try:
+            yield
+        finally:
+            _held -= 1
+        return
+    with open(_START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held = 1
+        try:
+            need, deadline, said = count * SERVER_BYTES, time.monotonic() + ROOM_WAIT_SECONDS, False
+            while psutil.virtual_memory().available < need and time.monotonic() < deadline:
+                if not said:
+                    print(f"[harness] waiting for {need / (1 << 30):.1f} GiB of memory to start {count} server(s)",
+                          file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(2)
+            yield
+        finally:
+            _held = 0
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 BIND_FAILED = "error while attempting to bind on address"  # uvicorn's line when the port was taken meanwhile
@@ -88,7 +135,8 @@ class ManagedServer:
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> "ManagedServer":
-        return self.spawn().wait_ready()
+        with starting():
+            return self.spawn().wait_ready()
 
     def spawn(self) -> "ManagedServer":
         """Start the process without waiting for it (`wait_ready()` waits)."""
@@ -202,6 +250,10 @@ class ManagedFleet:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ManagedFleet":
+        with starting(len(self.replica_urls)):
+            return self._start()
+
+    def _start(self) -> "ManagedFleet":
         log = self.log_path.open("w")
         env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
