@@ -6,14 +6,12 @@ in turn (the order rotating every round), so a ratio compares the same prompts u
 per-request TTFT and TPOT, tokens/s over all requests. A server's own launch carries a bias too (two servers running
 the same model forward have served it several percent apart for a whole run): with `--launches N` every server is
 started N times, in a rotated order, the rounds split between launches, and the tables pool them, with each launch's
-ratios beside. `--pin` puts every server's scheduler on the last core and its HTTP, tokenizer and detokenizer
-processes (and the client) on the others, so per-token front-end work is never woken onto the model's core. The JSON
-keeps each adaptive server's steps by width, probes and plain steps per launch.
+ratios beside. The JSON keeps each adaptive server's steps by width, its probes and plain steps, per workload and
+launch.
 
     python benchmarks/alternating_ab.py                                 # prose and chat: no-spec vs adaptive
     python benchmarks/alternating_ab.py --workloads chat --rounds 60 --configs no-spec adaptive adaptive-w1
     python benchmarks/alternating_ab.py --launches 3 --rounds 60         # 20 rounds per launch of every server
-    python benchmarks/alternating_ab.py --pin --configs no-spec adaptive-w1 adaptive adaptive-no-probes
     git worktree add /tmp/before HEAD~3 && python benchmarks/alternating_ab.py --before /tmp/before
 
 `--before DIR` adds `adaptive@before`: the default adaptive server run from the checkout DIR. Configurations are
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -103,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="start every server this many times (rotated order), the rounds split between launches")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="also run the default adaptive server from this checkout (adaptive@before)")
-    p.add_argument("--pin", action="store_true",
-                   help="every server's scheduler on the last core, its other processes and this client on the rest")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/alternating_ab_cpu.json")
     args = p.parse_args(argv)
     if args.launches < 1 or args.rounds < 1:
@@ -117,10 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     per_launch: dict = {wl: [] for wl in wls}
     steps: dict = {wl: {n: [] for n in names} for wl in wls}  # step counts by launch
     rounds = -(-args.rounds // args.launches)
-    all_cores = os.sched_getaffinity(0)
     for launch in range(args.launches):
         order = names[launch % len(names):] + names[: launch % len(names)]
-        os.sched_setaffinity(0, all_cores)  # servers start on every core, as unpinned
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
             servers = {}
             for name in order:
@@ -130,13 +123,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[ab] launch {launch + 1}/{args.launches}: starting {name}", file=sys.stderr)
                 cfg = config_for(args.config, name.removesuffix(BEFORE))
                 servers[name] = stack.enter_context(ManagedServer(cfg, Path(tmp), f"s{names.index(name)}", **kw))
-            if args.pin:
-                cores = sorted(all_cores)
-                if len(cores) < 2:
-                    p.error("--pin needs two cores at least")
-                for s in servers.values():
-                    s.pin({cores[-1]}, set(cores[:-1]))
-                os.sched_setaffinity(0, set(cores[:-1]))
             clients = {n: OpenAI(base_url=s.url + "/v1", api_key="none") for n, s in servers.items()}
             models = {n: c.models.list().data[0].id for n, c in clients.items()}
             for wl, (convs, _) in wls.items():
@@ -159,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                     steps[wl][n].append({k: v - counts_before[n].get(k, 0.0) for k, v in after.items()})
                 per_launch[wl].append(with_ratios({n: summarize(mine[n]) for n in names}, names[0]))
     results: dict = {"rounds": rounds * args.launches, "launches": args.launches, "max_tokens": args.max_tokens,
-                     "pinned": args.pin,
                      "workloads": {}}
     for wl in wls:
         table = with_ratios({n: summarize(runs[wl][n]) for n in names}, names[0])

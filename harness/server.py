@@ -177,19 +177,6 @@ class ManagedServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def pin(self, model_cores: set[int], other_cores: set[int]) -> None:
-        """Pin the server's scheduler (the model's compute) to `model_cores` and its other processes (HTTP,
-        tokenizer, detokenizer) to `other_cores`. Why, for measurements: unpinned, the per-token HTTP and detokenizer
-        work is woken onto the scheduler's core at random, and the same configuration reads several percent apart
-        between launches."""
-        import psutil
-
-        assert self.proc is not None, "start() first"
-        for proc in [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]:
-            cores = model_cores if proc.name().startswith("sglang::schedul") else other_cores
-            for thread in proc.threads():  # every thread: affinity is per thread on Linux
-                os.sched_setaffinity(thread.id, cores)
-
     def log_tail(self, n: int = 60) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(line for line in lines[-n:] if "server_args=" not in line)
