@@ -11,6 +11,14 @@ a disconnect (the client closes the socket 0.05-2 s into the stream) or a bad bo
 JSON and fields, a body over the size limit). At each `--kill-at` fraction of the run it SIGKILLs one replica's
 server (its whole process group, no drain), then waits until the fleet restarted it and the router lists it healthy.
 
+The users' client is httpx with a small pool (2 connections, 1 kept alive), as an application's would be, and like
+the `openai` SDK it retries, once and on a fresh connection, a request that got no response at all (its connection
+was closed, reset or broken before a status line: `STALE_CONNECTION`). sglang-router closes a keep-alive connection
+after refusing a body it had not read (a wrong or missing Content-Type is refused from the headers, and hyper closes
+rather than wait for the rest), with no `Connection: close` in the answer, so the user's next request can go out
+before the close arrives. The retries are reported by the user's request before them (`retried`); a retry that
+fails too is the request's failure.
+
 How each request is classified:
 - *unexpected*: a normal request that is not a complete stream (a 5xx, another non-200, a dropped or malformed
   stream, a transport error) unless it is counted as killed in flight; a disconnect that got a status other than
@@ -75,6 +83,7 @@ class Outcome:
     tokens: int = 0
     klass: str = ""                # after the run: ok | unexpected | killed-in-flight | lost
     previous: str = ""             # the same user's request before it, on the same connection pool: kind, status
+    retried: str = ""              # the transport error of a first attempt that got no response (see `retrying`)
 
 
 @dataclass
@@ -99,12 +108,31 @@ class Run:
 # ---------------------------------------------------------------------------------------------- requests
 
 
+# A request that got no response at all: the pooled connection it went out on had been closed by the router after
+# its previous answer (the module docstring says when). Real clients retry these on a fresh connection (the openai
+# SDK: `max_retries`, 2 by default).
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def retrying(attempt, o: Outcome):
+    """`attempt(o)`, and once more on a fresh connection when it failed with STALE_CONNECTION before any status
+    arrived (httpx drops the broken connection from the pool); the first error is kept in `o.retried`."""
+    try:
+        return await attempt(o)
+    except STALE_CONNECTION as e:
+        if o.status is not None:
+            raise
+        o.retried = f"{type(e).__name__}: {e}"
+    return await attempt(o)
+
+
 async def normal(client: httpx.AsyncClient, url: str, headers: dict, model: str, messages: list, max_tokens: int,
                  o: Outcome) -> None:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    parser = ChatStreamParser(time.monotonic())
-    try:
+
+    async def attempt(o: Outcome) -> None:
+        parser = ChatStreamParser(time.monotonic())
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as r:
             o.status = r.status_code
             if r.status_code != 200:
@@ -113,6 +141,9 @@ async def normal(client: httpx.AsyncClient, url: str, headers: dict, model: str,
             async for line in r.aiter_lines():
                 parser.feed(line, time.monotonic())
         o.tokens = parser.finish(time.monotonic()).output_tokens
+
+    try:
+        await retrying(attempt, o)
     except StreamError as e:
         o.result, o.what = "failed", f"bad stream: {e}"
     except httpx.TimeoutException as e:
@@ -145,9 +176,13 @@ async def bad(client: httpx.AsyncClient, url: str, headers: dict, req: faults.Ba
     if req.content_type:
         h["Content-Type"] = req.content_type
     o.what = req.name
+
+    async def attempt(o: Outcome) -> httpx.Response:
+        return await client.request(req.method, url + req.path, content=req.body if req.method != "GET" else None,
+                                    headers=h)
+
     try:
-        r = await client.request(req.method, url + req.path, content=req.body if req.method != "GET" else None,
-                                 headers=h)
+        r = await retrying(attempt, o)
     except httpx.TimeoutException:
         o.result = "lost"
         return
@@ -449,6 +484,9 @@ async def run_against(args, fleet, startup: float | None = None) -> dict:
         "bad_statuses": {str(k): v for k, v in sorted(Counter(o.status for o in run.outcomes
                                                                if o.kind == "bad").items(), key=str)},
         "disconnects": dict(Counter(o.what for o in run.outcomes if o.kind == "disconnect" and o.klass == "ok")),
+        # requests retried once on a fresh connection (`retrying`), by the same user's request before them
+        "retried": dict(Counter(o.previous for o in run.outcomes if o.retried)),
+        "retried_samples": [asdict(o) for o in run.outcomes if o.retried][:20],
         "completion_tokens": sum(o.tokens for o in normal_ok),
         "normal_latency_s": {"p50": round(statistics.median(lat), 2) if lat else None,
                              "p99": round(lat[int(0.99 * (len(lat) - 1))], 2) if lat else None},
@@ -466,7 +504,8 @@ def print_report(r: dict) -> None:
     print(f"{r['replicas']} replicas of {r['config']} (max_total_tokens {r['max_total_tokens']}), {r['users']} users, "
           f"{r['load_seconds']}s of load")
     rows = [("requests", r["requests"]), ("outcomes", r["outcomes"]), ("bad-body statuses", r["bad_statuses"]),
-            ("disconnects", r["disconnects"]), ("unexpected errors", r["unexpected"]), ("lost requests", r["lost"]),
+            ("disconnects", r["disconnects"]), ("retried on a fresh connection", r["retried"]),
+            ("unexpected errors", r["unexpected"]), ("lost requests", r["lost"]),
             ("retracted requests", r["retracted_requests"]), ("requests by replica", r["requests_by_replica"]),
             ("completion tokens", r["completion_tokens"]),
             ("normal latency s", r["normal_latency_s"])]
