@@ -21,7 +21,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainSeriali
 from service.models import HubModel, parse_ref
 
 from sglang_ext.controller.config import ControllerConfig
-from sglang_ext.settings import DEFAULT_MAX_REQUEST_BYTES, AdaptiveSettings
+from sglang_ext.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PAUSE_LEASE_SECONDS, AdaptiveSettings
 
 
 class ConfigError(ValueError):
@@ -124,6 +124,15 @@ class ServerConfig(_Strict):
         50, gt=0, description="After SIGTERM/SIGINT, how long in-flight requests may take to finish (new ones "
                               "get 503) before the launcher kills the server. Keep it below the orchestrator's "
                               "own grace period (compose stop_grace_period).")
+    pause_lease_seconds: float | None = Field(
+        DEFAULT_PAUSE_LEASE_SECONDS, gt=0,
+        description="A pause (/pause_generation) or weight-update session (/begin_weight_update) is a lease its "
+                    "client renews with every pause or weight-update call: after this long without one (none in "
+                    "flight) the server takes its client for gone, ends an open session with the drafter's weights "
+                    "rolled back to those it began with, and resumes generation. A learner killed mid-swap thus "
+                    "leaves the server serving its old drafter (docs/LEARNING.md); to hold a pause longer, call "
+                    "/pause_generation again within the lease. null: held until the client ends it (upstream's "
+                    "behaviour).")
 
     @model_validator(mode="after")
     def _two_key_variables(self):

@@ -62,7 +62,8 @@ def server_env(config: ServeConfig, base: dict[str, str] | None = None) -> dict[
     env.pop(env_names.ADAPTIVE, None)
     env.pop(env_names.SGLANG_ARGS, None)  # only this config's, set by plan()
     env[env_names.HTTP] = HttpSettings(max_request_bytes=config.server.max_request_bytes,
-                                       scheduler_stopping_routes=config.server.scheduler_stopping_routes).to_json()
+                                       scheduler_stopping_routes=config.server.scheduler_stopping_routes,
+                                       pause_lease_seconds=config.server.pause_lease_seconds).to_json()
     env.pop(env_names.CAPTURE, None)
     if config.learning.enabled:
         env[env_names.CAPTURE] = capture_settings(config).to_json()

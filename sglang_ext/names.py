@@ -11,6 +11,12 @@ ALGORITHM = "DFLASH_ADAPTIVE"
 """`--speculative-algorithm` of `speculative.algorithm: dflash_adaptive` (registered by spec_algo.py; the name-site
 patches answer for it as for DFLASH)."""
 
+# Sent by the plugin from one of SGLang's processes to another -----------------------------------------------------
+ROLLBACK_RID = "dflash-serve-rollback"
+"""The `rid` of an /end_weight_update the HTTP process sends when a weight-update session's client is gone
+(patches/pause_lease.py): the scheduler then restores the draft weights the session began with before ending it
+(patches/drafter_swap.py) instead of keeping what was loaded."""
+
 # Set by the launcher, read by the plugin ------------------------------------------------------------------------
 CPU = "DFLASH_SERVE_CPU"
 """'1' activates the CPU layer: the `.pth` start-up hook (cpu/startup.py) and the CPU patches. The hook line in

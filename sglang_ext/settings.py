@@ -29,6 +29,7 @@ from sglang_ext import names as env
 from sglang_ext.controller.config import ControllerConfig
 
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+DEFAULT_PAUSE_LEASE_SECONDS = 30.0
 
 
 def _read_json(environ: Mapping[str, str], name: str) -> Mapping[str, Any] | None:
@@ -104,15 +105,19 @@ class HttpSettings:
     max_request_bytes: largest request body (413 above it); None = no limit.
     check_model: answer 404 to a `model` the server does not serve.
     scheduler_stopping_routes: open the admin routes that can stop the scheduler to the admin key (403 otherwise).
+    pause_lease_seconds: a pause or weight-update session whose client makes no call for this long is ended by the
+        server (patches/pause_lease.py); None = held until the client ends it.
     """
 
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES
     check_model: bool = True
     scheduler_stopping_routes: bool = False
+    pause_lease_seconds: float | None = DEFAULT_PAUSE_LEASE_SECONDS
 
     def to_json(self) -> str:
         return json.dumps({"max_request_bytes": self.max_request_bytes, "check_model": self.check_model,
-                           "scheduler_stopping_routes": self.scheduler_stopping_routes})
+                           "scheduler_stopping_routes": self.scheduler_stopping_routes,
+                           "pause_lease_seconds": self.pause_lease_seconds})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "HttpSettings | None":
@@ -122,7 +127,11 @@ class HttpSettings:
         limit = d.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"{env.HTTP}: max_request_bytes must be a positive integer or null, got {limit!r}")
-        return cls(limit, bool(d.get("check_model", True)), d.get("scheduler_stopping_routes") is True)
+        lease = d.get("pause_lease_seconds", DEFAULT_PAUSE_LEASE_SECONDS)
+        if lease is not None and (not isinstance(lease, (int, float)) or isinstance(lease, bool) or not lease > 0):
+            raise ValueError(f"{env.HTTP}: pause_lease_seconds must be a positive number or null, got {lease!r}")
+        return cls(limit, bool(d.get("check_model", True)), d.get("scheduler_stopping_routes") is True,
+                   None if lease is None else float(lease))
 
 
 CAPTURE_OPT_OUT_KEY = "dflash_capture"

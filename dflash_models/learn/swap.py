@@ -13,6 +13,9 @@ shared-memory handles: the learner is another process, maybe another machine). `
 refused while requests run, and the weights are updated between two scheduler steps, so in-flight requests continue
 (their draft KV is kept: sglang_ext/worker.py drafter_swapped). Afterwards a best-effort /flush_cache drops cached
 prefixes (and the draft KV the old drafter wrote for them) when the server happens to be idle.
+A learner killed between the pause and the resume leaves the server paused only until its pause lease lapses
+(`server.pause_lease_seconds` without a call): the server then rolls back the open session and resumes
+(sglang_ext/patches/pause_lease.py). So the calls follow each other with no pause between them.
 """
 from __future__ import annotations
 

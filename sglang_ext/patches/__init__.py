@@ -25,6 +25,7 @@ ALL_DEVICES: tuple[tuple[str, str], ...] = (
     ("plain_decode", "width-1 steps scheduled, run and processed as plain decode steps (non-overlap)"),
     ("capture_finish", "finished requests' token ids to the capture store (learning: on only)"),
     ("drafter_swap", "the worker told when its drafter's weights were replaced (learning hot swap)"),
+    ("pause_lease", "a pause or weight-update session whose client is gone ends: draft rolled back, resumed"),
     ("idle_metrics", "idle gauges published on the first idle pass"),
     ("profiler_spans", "the per-step result-copy profiler span only while a profiler records"),
     ("http_guard", "OpenAI-shaped errors, 404/413/415, 503 while draining (dflash-serve only)"),

@@ -3,14 +3,16 @@ devices).
 
 Patches (0.5.23): `managers/scheduler_components/weight_updater.SchedulerWeightUpdaterManager.
 begin_weight_update`, `update_weights_from_tensor` and `end_weight_update`; `model_executor/
-model_runner_components/weight_updater.WeightUpdater.update_weights_from_tensor`. Why, twice:
+model_runner_components/weight_updater.WeightUpdater.update_weights_from_tensor`. Why, three times:
   * a successful update with `selector` "draft" or "all" reloads the draft model's parameters in place, but nothing
     tells the worker, and two things it holds were derived from the old drafter: upstream DFlashWorkerV2's fused
     context-KV helper (GPU) keeps stacked *copies* of the draft's K/V projection and k_norm weights
     (`kernels/ops/speculative/fused_kv_materialize.py`), so the draft context would still be written with the old
-    weights; and the adaptive controller's acceptance priors describe the old drafter. After the update this calls
-    `draft_worker.drafter_swapped(weight_version)` where the worker has it (AdaptiveDFlashWorker: rebuild the
-    helper, reset the priors, count the swap on /metrics);
+    weights; and the adaptive controller's acceptance priors describe the old drafter. When the client ends a
+    session in which draft chunks loaded (`end_weight_update`), this calls `draft_worker.drafter_swapped(version)`
+    where the worker has it, once, with the version the chunks named (AdaptiveDFlashWorker: rebuild the helper,
+    reset the priors, count the swap on /metrics) -- not per chunk: a refused or abandoned push (below) was never a
+    swap to the worker, and its helper still holds the weights that serve;
   * upstream loads whatever it is sent: a weight with a NaN or an Inf is loaded (the drafter then proposes garbage,
     or NaN draft probabilities reach the sampler); a weight of the wrong shape is narrowed silently by the stacked
     loaders (a larger q/k/v projection) or raises out of the load -- out of the scheduler's request handler, which
@@ -19,7 +21,11 @@ model_runner_components/weight_updater.WeightUpdater.update_weights_from_tensor`
     and answers a load that raised with a failure; a refused draft update restores the draft weights the session
     began with (a copy taken at `begin_weight_update`, on the host: the draft's own parameters, not those it shares
     with the target), so a refused push -- whichever chunk -- leaves the drafter that served before it, its version
-    and swap count unchanged.
+    and swap count unchanged;
+  * upstream keeps whatever a session loaded, and a session whose client is gone (a learner killed mid-push) is
+    never ended: the chunks loaded so far serve, half a drafter. The HTTP process ends such a session itself
+    (patches/pause_lease.py) with the rid names.ROLLBACK_RID, and then the draft weights the session began with are
+    restored before it ends: an abandoned push leaves no part of its drafter loaded.
 Retired by: upstream re-deriving the fused helper after a draft weight update, offering a post-update hook to the
 speculative worker, and validating a weight update (finite, shapes) before loading it.
 """
@@ -28,12 +34,19 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
+from sglang_ext.names import ROLLBACK_RID
 from sglang_ext.patches.wrap import when_imported, wrap
 
 logger = logging.getLogger(__name__)
 UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
 RUNNER_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater"
 _SNAPSHOTS: dict[int, list] = {}  # id(manager) -> [(parameter, host copy)]: the manager has __slots__
+# id(manager) -> the version the open session's loaded draft chunks named (None: none named), present once a chunk
+# loaded and until the session ends or a refusal restores the weights it began with: what the worker is told at the end
+_UNTOLD: dict[int, str | None] = {}
+
+
+_NOTHING = object()
 
 
 def _touches_draft(selector) -> bool:
@@ -137,34 +150,51 @@ def _patch(updater: ModuleType) -> None:
     def make_begin(original):
         def begin_weight_update(self, recv_req):
             out = original(self, recv_req)
-            _SNAPSHOTS.pop(id(self), None)
-            if out.success and _touches_draft(recv_req.selector):
-                _snapshot(self)
+            if out.success:  # a refused begin leaves the open session's copy alone
+                _SNAPSHOTS.pop(id(self), None)
+                _UNTOLD.pop(id(self), None)
+                if _touches_draft(recv_req.selector):
+                    _snapshot(self)
             return out
 
         return begin_weight_update
 
     def make_end(original):
         def end_weight_update(self, recv_req):
+            rollback = getattr(recv_req, "rid", None) == ROLLBACK_RID
+            selector = getattr(getattr(self, "_session", None), "selector", None)
+            restored = rollback and _restore(self)
             _SNAPSHOTS.pop(id(self), None)
-            return original(self, recv_req)
+            untold = _UNTOLD.pop(id(self), _NOTHING)
+            out = original(self, recv_req)
+            if rollback and selector is not None:
+                kept = " (the target's weights it loaded stay: no copy of them is kept)" if selector != "draft" else ""
+                logger.error("dflash-serve: weight-update session (%s) ended for a client that is gone: %s%s",
+                             selector, "draft weights restored to those it began with" if restored
+                             else "no draft weights to restore", kept)
+            elif out.success and untold is not _NOTHING:
+                hook = getattr(getattr(self, "draft_worker", None), "drafter_swapped", None)
+                if hook is not None:
+                    hook(untold)
+            return out
 
         return end_weight_update
 
     def make_update(original):
         def update_weights_from_tensor(self, recv_req):
             out = original(self, recv_req)
-            draft = _touches_draft(recv_req.selector)
-            if not out.success and draft and _restore(self):
+            if not _touches_draft(recv_req.selector):
+                return out
+            if not out.success and _restore(self):
                 import msgspec
 
+                _UNTOLD.pop(id(self), None)  # the draft is the session's first again: nothing to tell
                 out = msgspec.structs.replace(
                     out, message=f"{out.message}; the draft weights the update began with were restored")
                 logger.error("draft weight update refused: %s", out.message)
-            worker = getattr(self, "draft_worker", None)
-            hook = getattr(worker, "drafter_swapped", None)
-            if out.success and draft and hook is not None:
-                hook(recv_req.weight_version)
+            elif out.success:
+                named = recv_req.weight_version
+                _UNTOLD[id(self)] = named if named is not None else _UNTOLD.get(id(self))
             return out
 
         return update_weights_from_tensor

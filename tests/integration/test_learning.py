@@ -1,8 +1,9 @@
 """A drafter that learns the traffic it serves, against one real dflash_adaptive server with `learning:`
 on and an admin key: capture (token ids kept, opt-out honoured, nothing in the log), a hot swap mid-stream (greedy
 output identical to the server's own output before any swap, in-flight and after), rollback (`dflash-serve learn
-rollback` puts back the exact weights: SGLang's draft checksum), and the learner killed mid-round (serving and the
-drafter untouched).
+rollback` puts back the exact weights: SGLang's draft checksum), the learner killed mid-round (serving and the
+drafter untouched), and the learner killed mid-swap (generation paused, part of a drafter loaded): the server ends
+the swap itself after its pause lease, with the drafter it had.
 
 The swapped-in drafter is the bundled one with noise on every weight: it drafts differently (its checksum differs)
 and worse, which is the hard case for the identity: more rejected drafts.
@@ -17,7 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,19 +28,21 @@ import yaml
 
 from dflash_models.learn import store, swap
 from dflash_models.learn.versions import Versions
+from harness.server import http_json
 from tests.conftest import REPO, default_config
 
 pytestmark = pytest.mark.server
 
 ADMIN, ADMIN_ENV = "admin-key-42-learning", "DFLASH_LEARN_TEST_ADMIN_KEY"
 PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n"
+LEASE = 8  # server.pause_lease_seconds: how long a killed learner's pause may last
 
 
 @pytest.fixture(scope="module")
 def learning(module_server_factory, tiny_pair, tmp_path_factory):
     work = tmp_path_factory.mktemp("learning")
     cfg = default_config(tiny_pair, algorithm="dflash_adaptive", draft_model_path=tiny_pair["drafter"])
-    cfg["server"]["admin_api_key_env"] = ADMIN_ENV
+    cfg["server"] |= {"admin_api_key_env": ADMIN_ENV, "pause_lease_seconds": LEASE}
     cfg["learning"] = {"enabled": True, "store_dir": str(work / "store"), "work_dir": str(work / "learner"),
                        "min_sequences": 8, "steps": 2, "metrics_port": None}
     os.environ[ADMIN_ENV] = ADMIN  # the learner's (the server gets it through its env below)
@@ -266,3 +271,114 @@ def test_a_faulty_drafter_is_refused_and_serving_goes_on_unchanged(learning, pla
     out = server.generate_text(PROMPT, max_new_tokens=48, temperature=0)
     assert out["output_ids"] == want
     assert out["meta_info"].get("weight_version") != f"bad-{fault}"
+
+
+class _HoldingProxy:
+    """Between the learner and the server: forwards its calls, but gates its /pause_generation on `go` (so that the
+    test starts a stream first) and never forwards its second /update_weights_from_tensor: there the learner waits
+    -- generation paused, the weight-update session open, the first chunk of its drafter loaded -- and `held` is
+    set, the worst moment to kill it."""
+
+    def __init__(self, target: str) -> None:
+        self.pausing, self.go, self.held, self.done = (threading.Event() for _ in range(4))
+        self.paths: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                proxy.paths.append(self.path)
+                if self.path == "/pause_generation":
+                    proxy.pausing.set()
+                    proxy.go.wait(120)
+                if proxy.paths.count("/update_weights_from_tensor") == 2 and self.path.endswith("_tensor"):
+                    proxy.held.set()
+                    proxy.done.wait(600)
+                    return
+                headers = {k: v for k in ("Content-Type", "Authorization") if (v := self.headers.get(k))}
+                req = urllib.request.Request(target + self.path, data=body, method="POST", headers=headers)
+                try:
+                    with urllib.request.urlopen(req, timeout=300) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.go.set()
+        self.done.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_learner_killed_mid_swap_leaves_the_server_serving_its_drafter(learning, plain_server, tmp_path):
+    """The learner SIGKILLed in the middle of a hot swap -- after it paused generation (a stream running), opened
+    the weight-update session and loaded the first chunk of its drafter, before it ended the session or resumed --
+    never runs its `finally`. The server ends the swap itself after server.pause_lease_seconds: the chunk it loaded
+    is rolled back (SGLang's draft checksum is the one before), the paused stream and a request sent while paused
+    finish with plain decoding's greedy output, the drafter's version and swap count are unchanged, the learner's
+    state too, and the next push is accepted (no session left open)."""
+    server = learning["server"]
+    want = plain_server.generate_text(PROMPT, max_new_tokens=160, temperature=0)["output_ids"]
+    first = server.generate_text(PROMPT, max_new_tokens=160, temperature=0)
+    assert first["output_ids"] == want
+    before, series = swap.draft_checksum(server.url, ADMIN), _drafter_series(server)
+
+    work = tmp_path / "learner"  # a learner whose `rollback` pushes a noisy drafter, through the proxy
+    versions = Versions(work, learning["drafter"])
+    _perturbed(learning["drafter"], versions.path("v0001"))
+    versions.promote("v0001")
+    versions.promote("v0002")
+    state = versions.state()
+    proxy = _HoldingProxy(server.url)
+    cfg = json.loads(json.dumps(learning["cfg"]))
+    cfg["learning"] |= {"work_dir": str(work), "servers": [proxy.url]}
+    (tmp_path / "learner.yaml").write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "learner.log"
+    out: dict = {}
+    stream = threading.Thread(target=_stream, args=(server, out))
+    learner = None
+    try:
+        with open(log, "w") as f:
+            learner = subprocess.Popen([sys.executable, "-m", "service.cli", "learn", "rollback", "-c",
+                                        str(tmp_path / "learner.yaml")], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        assert proxy.pausing.wait(180), log.read_text()
+        stream.start()
+        assert _wait_for(lambda: out.get("chunks", 0) >= 3, 120), "the stream never started"
+        proxy.go.set()
+        assert proxy.held.wait(120), log.read_text() + str(proxy.paths)
+        assert swap.draft_checksum(server.url, ADMIN) != before, "no part of the learner's drafter was loaded"
+        at_kill = len(out.get("ids", []))
+        os.killpg(learner.pid, signal.SIGKILL)
+        learner.wait(30)
+        body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
+        during = http_json(f"{server.url}/generate", body, timeout=LEASE + 120)  # sent while paused: waits it out
+        stream.join(LEASE + 120)
+        assert not stream.is_alive(), "the stream the killed learner paused never resumed"
+    finally:
+        proxy.close()
+        if learner is not None and learner.poll() is None:
+            os.killpg(learner.pid, signal.SIGKILL)
+    assert proxy.paths[:3] == ["/pause_generation", "/begin_weight_update", "/update_weights_from_tensor"]
+    assert 0 < at_kill < len(want), "the learner's pause did not land mid-stream"
+    assert out["ids"] == want, "greedy output of the paused stream changed"
+    assert during["output_ids"] == want
+    assert during["meta_info"].get("weight_version") == first["meta_info"].get("weight_version")
+    assert swap.draft_checksum(server.url, ADMIN) == before, "part of the killed learner's drafter stayed loaded"
+    assert _drafter_series(server) == series
+    assert Versions(work, learning["drafter"]).state() == state
+    assert "its client is gone" in server.log_path.read_text(errors="replace")
+    swap.push(server.url, learning["drafter"], "initial", ADMIN)
+    assert swap.draft_checksum(server.url, ADMIN) == before
+    assert server.proc.poll() is None, server.log_tail()
