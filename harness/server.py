@@ -60,9 +60,9 @@ def side_by_side(servers: dict[str, "ManagedServer"]):
 
 
 # What one server of the bundled tiny pair holds on CPU (its scheduler with the KV pools of the embedded default,
-# its HTTP and detokenizer processes, the launcher), with room to spare; other models set their own.
+# its HTTP and detokenizer processes, the launcher: ~2.2 GB unshared), with room to spare; other models set their own.
 SERVER_BYTES = int(float(os.environ.get("DFLASH_HARNESS_SERVER_GIB", "2.5")) * (1 << 30))
-ROOM_WAIT_SECONDS = 240.0
+ROOM_WAIT_SECONDS = 600.0
 _START_LOCK = Path(tempfile.gettempdir()) / "dflash-serve-harness-start.lock"
 _held = 0  # this process's depth inside starting()
 
@@ -73,8 +73,9 @@ def starting(count: int = 1):
 
     Why: `pytest -n 2` runs two test files at once, each with its servers (and the session's shared ones); a server
     started once the others have taken the memory is refused by SGLang ("no memory for the KV cache") or killed by
-    the kernel. Under a machine-wide lock a start waits, up to ROOM_WAIT_SECONDS, for `count` x SERVER_BYTES to be
-    available (the other file's servers stop at its end), then goes ahead as it would have.
+    the kernel. A group starts under a machine-wide lock once `count` x SERVER_BYTES are available; while there is
+    not enough, it waits without the lock (the other file's smaller group may start, and its servers stop at its
+    end), up to ROOM_WAIT_SECONDS, then goes ahead as it would have.
     """
     import psutil
 
@@ -86,17 +87,20 @@ def starting(count: int = 1):
         finally:
             _held -= 1
         return
+    need, deadline, said = count * SERVER_BYTES, time.monotonic() + ROOM_WAIT_SECONDS, False
     with open(_START_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        while True:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if psutil.virtual_memory().available >= need or time.monotonic() >= deadline:
+                break
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if not said:
+                print(f"[harness] waiting for {need / (1 << 30):.1f} GiB of memory to start {count} server(s)",
+                      file=sys.stderr, flush=True)
+                said = True
+            time.sleep(2)
         _held = 1
         try:
-            need, deadline, said = count * SERVER_BYTES, time.monotonic() + ROOM_WAIT_SECONDS, False
-            while psutil.virtual_memory().available < need and time.monotonic() < deadline:
-                if not said:
-                    print(f"[harness] waiting for {need / (1 << 30):.1f} GiB of memory to start {count} server(s)",
-                          file=sys.stderr, flush=True)
-                    said = True
-                time.sleep(2)
             yield
         finally:
             _held = 0
